@@ -1,0 +1,51 @@
+"""The executor: content-hashed steps, cached outputs, leases, a local runner.
+
+Public API (Marin's names, so Marin experiment scripts port by changing imports):
+
+    from executor import ExecutorStep, Executor, executor_main, versioned, this_output_path
+
+This package imports no JAX, Levanter or other heavy dependency: planning and dry
+runs stay fast. See `executor.graph` for what a version is and how paths are chosen.
+"""
+
+from executor.executor import Executor
+from executor.graph import HASH_LENGTH, StepDefinitionError
+from executor.lease import LeaseConfig
+from executor.main import ExecutorMainConfig, executor_main
+from executor.runner import ExecutorRunError
+from executor.steps import (
+    THIS_OUTPUT_PATH,
+    ExecutorStep,
+    InputName,
+    OutputName,
+    VersionedValue,
+    ensure_versioned,
+    get_executor_step,
+    output_path_of,
+    this_output_path,
+    unwrap_versioned_value,
+    versioned,
+)
+from executor.store import StoreError
+
+__all__ = [
+    "HASH_LENGTH",
+    "THIS_OUTPUT_PATH",
+    "Executor",
+    "ExecutorMainConfig",
+    "ExecutorRunError",
+    "ExecutorStep",
+    "InputName",
+    "LeaseConfig",
+    "OutputName",
+    "StepDefinitionError",
+    "StoreError",
+    "VersionedValue",
+    "ensure_versioned",
+    "executor_main",
+    "get_executor_step",
+    "output_path_of",
+    "this_output_path",
+    "unwrap_versioned_value",
+    "versioned",
+]

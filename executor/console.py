@@ -1,0 +1,58 @@
+"""Live progress on the console: one line per step event, with done/running/left counts."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from executor.events import (
+    RunFinished,
+    StepFailed,
+    StepSkipped,
+    StepStarted,
+    StepSucceeded,
+    StepWaiting,
+)
+from executor.tree import utc_now_iso
+
+
+class ConsoleProgress:
+    """An event listener printing per-step status lines."""
+
+    def __init__(self, total: int, stream: TextIO | None = None):
+        self.total = total
+        self.stream = stream
+        self.done: set[str] = set()
+        self.running: set[str] = set()
+
+    def _print(self, text: str) -> None:
+        stream = self.stream or sys.__stdout__
+        left = self.total - len(self.done) - len(self.running)
+        stream.write(f"[{len(self.done)}/{self.total} done, {len(self.running)} running, {left} left] {text}\n")
+        stream.flush()
+
+    def __call__(self, event) -> None:
+        if isinstance(event, StepStarted):
+            self.running.add(event.output_path)
+            self._print(f"start  {event.name}  (log: {event.log_path})")
+        elif isinstance(event, StepSucceeded):
+            self._finish(event.output_path)
+            self._print(f"ok     {event.name}  {event.duration:.1f}s")
+        elif isinstance(event, StepSkipped):
+            self._finish(event.output_path)
+            self._print(f"skip   {event.name}  ({event.reason})")
+        elif isinstance(event, StepWaiting):
+            self._print(f"wait   {event.name}  held by {event.holder} since {utc_now_iso(event.since)}")
+        elif isinstance(event, StepFailed):
+            self._finish(event.output_path)
+            where = f"  (log: {event.log_path})" if event.log_path else ""
+            self._print(f"FAIL   {event.name}  [{event.kind}] {event.error}{where}")
+        elif isinstance(event, RunFinished):
+            self._print(
+                f"finished in {event.duration:.1f}s: {event.succeeded} ran, {event.skipped} cached, "
+                f"{event.failed} failed"
+            )
+
+    def _finish(self, output_path: str) -> None:
+        self.running.discard(output_path)
+        self.done.add(output_path)

@@ -1,0 +1,166 @@
+"""`Executor`: resolve, plan and run a list of steps under a prefix.
+
+A thin facade over the pipeline, one module per stop:
+
+    steps --graph.resolve--> StepGraph --plan.make_plan--> Plan --runner.Runner--> outputs
+
+The Executor object keeps only the results of the last run, under Marin's attribute
+names (`steps`, `output_paths`, `configs`, `versions`, `executor_info_path`), plus the
+`plan` and the list of `events` that were emitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from executor.console import ConsoleProgress
+from executor.events import StepPlanned
+from executor.graph import StepGraph, resolve
+from executor.lease import LeaseConfig, LeaseManager, new_worker_id
+from executor.plan import Action, Plan, make_plan
+from executor.provenance import (
+    caller_script,
+    collect_provenance_async,
+    experiment_info_path,
+    write_experiment_info,
+)
+from executor.runner import ExecutorRunError, Runner
+from executor.steps import ExecutorStep
+from executor.store import normalize_prefix, open_store
+
+logger = logging.getLogger(__name__)
+
+
+class Executor:
+    """Runs experiments: every step's output under `<prefix>/<name>-<hash>`."""
+
+    def __init__(
+        self,
+        prefix: str,
+        executor_info_base_path: str | None = None,
+        *,
+        description: str | None = None,
+        lease_config: LeaseConfig | None = None,
+        listeners: Sequence[Callable[[Any], None]] = (),
+        console: bool = True,
+    ):
+        if not prefix:
+            raise ValueError("Executor: prefix is empty; pass --prefix or set MARIN_PREFIX")
+        self.prefix = normalize_prefix(prefix)
+        self.executor_info_base_path = normalize_prefix(executor_info_base_path or f"{self.prefix}/experiments")
+        self.description = description
+        self.lease_config = lease_config or LeaseConfig()
+        self.listeners = list(listeners)
+        self.console = console
+        self.store = open_store(self.prefix)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.steps: list[ExecutorStep] = []
+        self.output_paths: dict[ExecutorStep, str] = {}
+        self.configs: dict[ExecutorStep, Any] = {}
+        self.versions: dict[ExecutorStep, dict] = {}
+        self.executor_info_path: str | None = None
+        self.graph: StepGraph | None = None
+        self.plan: Plan | None = None
+        self.events: list[Any] = []
+
+    def _emit(self, event: Any) -> None:
+        self.events.append(event)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("event listener %r failed on %r", listener, event)
+
+    def run(
+        self,
+        steps: Sequence[ExecutorStep],
+        dry_run: bool = False,
+        run_only: Sequence[str] | None = None,
+        force_run_failed: bool = True,
+        max_concurrent: int | None = None,
+    ) -> Plan:
+        """Plan `steps` (and everything they need); unless `dry_run`, run what the plan says.
+
+        Raises ValueError/StepDefinitionError for bad declarations before anything runs,
+        and ExecutorRunError listing every failed step (with its log path) after the run.
+        """
+        self._reset()
+        started = time.time()
+        steps = list(steps)
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        script = caller_script()
+        provenance = None if dry_run else collect_provenance_async(script)
+        graph = resolve(steps, self.prefix)
+        self._record_graph(graph)
+        if dry_run:
+            self.store.check_readable(self.prefix)
+        else:
+            self.store.check_writable(self.prefix)
+        self.executor_info_path = experiment_info_path(self.executor_info_base_path, script, graph)
+        worker_id = new_worker_id()
+        runner_ref: list[Runner] = []
+        leases = LeaseManager(
+            self.store, self.lease_config, worker_id, on_lost=lambda path: runner_ref[0].lease_lost(path)
+        )
+        try:
+            plan = self.plan = make_plan(graph, steps, self.store, leases, run_only, force_run_failed)
+            for row in plan.rows:
+                self._emit(StepPlanned(row.name, row.output_path, action=row.action.value, reason=row.reason))
+            if self.console:
+                print(plan.format(), flush=True)
+            for row in plan.rows:
+                if row.unversioned_changes:
+                    logger.warning(
+                        "step %s: reusing %s, made with other unversioned settings: %s",
+                        row.name,
+                        row.output_path,
+                        "; ".join(row.unversioned_changes),
+                    )
+            if dry_run:
+                return plan
+            errors = [row for row in plan.rows if row.action == Action.ERROR]
+            if errors:
+                raise ValueError(
+                    "steps failed previously and force_run_failed is off:\n"
+                    + "\n".join(f"  - {row.name}: {row.reason}" for row in errors)
+                )
+            listeners = [self._emit]
+            runner = Runner(plan, self.store, leases, self._dispatch(listeners, plan), max_concurrent)
+            runner_ref.append(runner)
+            info = provenance.result()
+            write_experiment_info(self.store, self.executor_info_path, graph, info, self.description, started)
+            summary = runner.run()
+            outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
+            write_experiment_info(
+                self.store, self.executor_info_path, graph, info, self.description, started, outcomes
+            )
+        finally:
+            leases.close()
+        if summary.failures:
+            raise ExecutorRunError(summary.failures)
+        return plan
+
+    def _dispatch(self, listeners: list, plan: Plan) -> Callable[[Any], None]:
+        if self.console:
+            listeners.append(ConsoleProgress(total=len(plan.rows)))
+
+        def emit(event: Any) -> None:
+            for listener in listeners:
+                listener(event)
+
+        return emit
+
+    def _record_graph(self, graph: StepGraph) -> None:
+        self.graph = graph
+        self.steps = [step.step for step in graph.steps]
+        for declaration in graph.declarations:
+            resolved = graph.resolved(declaration)
+            self.output_paths[declaration] = resolved.output_path
+            self.configs[declaration] = resolved.config
+            self.versions[declaration] = resolved.version

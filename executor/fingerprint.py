@@ -1,0 +1,118 @@
+"""Canonical JSON encoding and hashing of config values.
+
+A version hash is only useful if the same value always encodes to the same bytes, on
+every machine and Python run. So the strict encoder accepts a closed set of types --
+None, bool, int, finite float, str, bytes, enums, paths, lists, tuples, sets, dicts and
+dataclasses (recursively) -- and raises `UnencodableValueError` naming the field for
+anything else instead of falling back to `repr()` (which may contain memory addresses).
+
+The lenient encoder is for *recording* configs (`.executor_info`), never for hashing:
+it also accepts callables (as `module:qualname`) and other objects (by type name).
+
+Encoding choices:
+- dataclasses become `{"__type__": ClassName, field: value, ...}`: two model configs
+  of different classes with the same fields are different versions;
+- enums become `"EnumClass.MEMBER"`; paths their POSIX string; tuples are lists;
+- sets are sorted by their elements' canonical JSON, so they are deterministic;
+- NaN and infinities are refused: JSON cannot carry them and NaN != NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import math
+from pathlib import PurePath
+from typing import Any
+
+
+class UnencodableValueError(ValueError):
+    """A config value has no deterministic canonical encoding."""
+
+    def __init__(self, field_path: str, value: Any, why: str):
+        self.field_path = field_path
+        self.value = value
+        super().__init__(f"field {field_path or '<root>'!r}: {why}")
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def encode(value: Any, path: str = "", strict: bool = True) -> Any:
+    """`value` as JSON-ready primitives (see the module docstring for the rules)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__qualname__}.{value.name}"
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return float(value)
+        if strict:
+            raise UnencodableValueError(path, value, f"{value} has no canonical encoding; use a finite number")
+        return str(value)
+    if isinstance(value, PurePath):
+        return value.as_posix()
+    if isinstance(value, bytes):
+        return {"__bytes__": value.hex()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {"__type__": type(value).__qualname__}
+        for field in dataclasses.fields(value):
+            out[field.name] = encode(getattr(value, field.name), _child(path, field.name), strict)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [encode(item, f"{path}[{i}]", strict) for i, item in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        items = [encode(item, f"{path}[*]", strict) for item in value]
+        return sorted(items, key=canonical_json)
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if isinstance(key, enum.Enum):
+                text = f"{type(key).__qualname__}.{key.name}"
+            elif isinstance(key, (str, int, float, bool)) or key is None:
+                text = key if isinstance(key, str) else json.dumps(key)
+            else:
+                if strict:
+                    raise UnencodableValueError(
+                        path, value, f"dict key {key!r} of type {_describe(key)} cannot be encoded; use str keys"
+                    )
+                text = repr(key)
+            if text in out:
+                raise UnencodableValueError(path, value, f"dict keys collide after encoding as strings: {text!r}")
+            out[text] = encode(item, _child(path, text), strict)
+        return out
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return encode(value.item(), path, strict)
+    if strict:
+        from executor.steps import ExecutorStep, InputName, OutputName
+
+        if isinstance(value, (InputName, ExecutorStep, OutputName)):
+            why = f"a {type(value).__name__} inside a versioned value; move it to its own config field"
+        else:
+            why = (
+                f"value of type {_describe(value)} has no deterministic encoding; version a plain "
+                "value (str, number, list, dict, dataclass, enum, path) instead"
+            )
+        raise UnencodableValueError(path, value, why)
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', '?')}:{value.__qualname__}"
+    text = repr(value)
+    return f"<{_describe(value)}>" if " at 0x" in text else text
+
+
+def _child(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def canonical_json(value: Any) -> str:
+    """Compact, key-sorted JSON of already-encoded primitives."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -1,0 +1,347 @@
+"""From step declarations to a resolved, versioned DAG.
+
+This is where a step gets its identity. The *version* of a step is the JSON value
+
+    {"name": <step name>,
+     "config": {<dotted field path>: <value>, ...},
+     "dependencies": [<version hash of each upstream step>, ...]}
+
+where `config` holds
+
+- every value wrapped in `versioned()`, under its field path (`model.hidden_dim`);
+- every input, as the placeholder `DEP[i]` or `DEP[i]/sub/path`, where `i` indexes
+  `dependencies` (so the input's *version*, not its location, is what counts);
+- every hard-coded input path, as written.
+
+Nothing else enters it: unversioned fields (worker counts, log cadence) can change
+without invalidating outputs, and the prefix never appears, so the same experiment
+run under two prefixes (two regions, a laptop and a cluster) has the same versions.
+Dependencies count whether they are blocking or not, and transitively: an upstream
+change changes every downstream hash.
+
+The version hash is the SHA-256 of the canonical JSON of the version. The output path
+is `<prefix>/<name>-<first 8 hex digits>`. Eight digits (32 bits) keep paths short
+enough to read and type; a collision needs two versions *of the same name*, and even
+with 10,000 versions of one name its probability is about 1%. Should one ever happen
+the executor notices (the stored version differs) and refuses to reuse the output
+instead of silently returning the wrong data. Marin uses 6 hex digits of MD5.
+
+Steps whose versions are equal collapse into one (the same step built twice by a
+helper function); two steps that are *not* interchangeable but resolve to one output
+path are an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from executor.fingerprint import UnencodableValueError, canonical_json, encode, sha256_hex
+from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
+from executor.walker import map_markers
+
+logger = logging.getLogger(__name__)
+
+HASH_LENGTH = 8
+"""Hex digits of the version hash used in output paths (see the module docstring)."""
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
+
+
+class StepDefinitionError(ValueError):
+    """A step (or the set of steps) is declared in a way the executor cannot run."""
+
+
+def join_path(base: str, sub: str | None) -> str:
+    """`base/sub` for local paths and URLs alike (no normalisation of `base`)."""
+    if not sub:
+        return base
+    return f"{base.rstrip('/')}/{sub.lstrip('/')}"
+
+
+def is_absolute_path(path: str) -> bool:
+    return path.startswith("/") or "://" in path
+
+
+def fn_qualname(fn: Any) -> str:
+    """`module:qualname` of a step function (what `.executor_info` records)."""
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{qualname}"
+
+
+@dataclass(frozen=True, eq=False)
+class ResolvedStep:
+    """A step with its version, output path and concrete config. Immutable."""
+
+    step: ExecutorStep
+    """The declaration (the first one, when several collapsed into this step)."""
+
+    name: str
+    version: dict
+    """The version value described in the module docstring."""
+
+    version_hash: str
+    """Full SHA-256 hex digest of the canonical JSON of `version`."""
+
+    output_path: str
+    config: Any
+    """The config with every placeholder replaced by a concrete path (what `fn` gets)."""
+
+    blocking_deps: tuple[str, ...]
+    """Output paths of the upstream steps this one waits for."""
+
+    nonblocking_deps: tuple[str, ...]
+    """Output paths of upstream steps whose paths are used without waiting for them."""
+
+    @property
+    def dependencies(self) -> tuple[str, ...]:
+        return self.blocking_deps + self.nonblocking_deps
+
+    @functools.cached_property
+    def config_record(self) -> Any:
+        """The concrete config as JSON primitives, as recorded in `.executor_info`."""
+        return encode(self.config, strict=False)
+
+    @functools.cached_property
+    def config_digest(self) -> str:
+        """Hash of the whole concrete config, versioned or not (for the reuse warning)."""
+        return sha256_hex(canonical_json(self.config_record))
+
+    @property
+    def fn_name(self) -> str:
+        return fn_qualname(self.step.fn)
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """The resolved DAG: steps in topological order, keyed by output path."""
+
+    prefix: str
+    steps: tuple[ResolvedStep, ...]
+    """Topological order: every step comes after all of its dependencies."""
+
+    by_declaration: dict[int, ResolvedStep] = field(repr=False)
+    """id(ExecutorStep) -> resolved step, for every declaration seen (collapsed ones too)."""
+
+    declarations: tuple[ExecutorStep, ...] = field(repr=False)
+    """Every declaration seen, in topological order (keeps the ids above alive)."""
+
+    @functools.cached_property
+    def by_path(self) -> dict[str, ResolvedStep]:
+        return {step.output_path: step for step in self.steps}
+
+    def resolved(self, step: ExecutorStep) -> ResolvedStep:
+        return self.by_declaration[id(step)]
+
+    def dependents(self) -> dict[str, list[str]]:
+        """Output path -> output paths of the steps that list it as a dependency."""
+        out: dict[str, list[str]] = {step.output_path: [] for step in self.steps}
+        for step in self.steps:
+            for dep in step.dependencies:
+                out[dep].append(step.output_path)
+        return out
+
+
+def validate_declaration(step: Any) -> None:
+    """Raise StepDefinitionError if `step` cannot be a step at all."""
+    if not isinstance(step, ExecutorStep):
+        raise StepDefinitionError(f"expected an ExecutorStep, got {type(step).__name__}: {step!r}")
+    if not isinstance(step.name, str) or not _NAME_RE.match(step.name) or ".." in step.name.split("/"):
+        raise StepDefinitionError(
+            f"step name {step.name!r} is invalid: use letters, digits, '_', '-', '.' and '/' "
+            "between non-empty parts (e.g. 'tokenized/stdlib')"
+        )
+    if not callable(step.fn):
+        raise StepDefinitionError(f"step {step.name!r}: fn must be callable, got {type(step.fn).__name__}")
+    config = step.config
+    if config is not None and not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
+        raise StepDefinitionError(
+            f"step {step.name!r}: config must be a dataclass instance or None, got {type(config).__name__}; "
+            "wrap the values in a (frozen) dataclass"
+        )
+
+
+def _direct_inputs(step: ExecutorStep) -> list[ExecutorStep]:
+    """The upstream steps referenced anywhere in `step`'s config, in field order."""
+    found: list[ExecutorStep] = []
+
+    def visit(marker: Any, path: str) -> Any:
+        if isinstance(marker, ExecutorStep):
+            found.append(marker)
+        elif isinstance(marker, InputName) and marker.step is not None:
+            found.append(marker.step)
+        return marker
+
+    map_markers(step.config, visit)
+    return found
+
+
+def collect_steps(roots: Iterable[ExecutorStep]) -> list[ExecutorStep]:
+    """All steps reachable from `roots`, dependencies first. Raises on a cycle.
+
+    Iterative, so a 10,000-step chain does not hit Python's recursion limit.
+    """
+    order: list[ExecutorStep] = []
+    state: dict[int, int] = {}  # id -> 1 while on the stack, 2 when done
+    inputs_cache: dict[int, list[ExecutorStep]] = {}
+    for root in roots:
+        validate_declaration(root)
+        if state.get(id(root)) == 2:
+            continue
+        stack: list[tuple[ExecutorStep, int]] = [(root, 0)]
+        path: list[ExecutorStep] = [root]
+        state[id(root)] = 1
+        while stack:
+            node, index = stack[-1]
+            inputs = inputs_cache.get(id(node))
+            if inputs is None:
+                inputs = inputs_cache[id(node)] = _direct_inputs(node)
+            if index < len(inputs):
+                stack[-1] = (node, index + 1)
+                child = inputs[index]
+                child_state = state.get(id(child))
+                if child_state == 2:
+                    continue
+                if child_state == 1:
+                    start = next(i for i, s in enumerate(path) if s is child)
+                    cycle = " -> ".join(s.name for s in [*path[start:], child])
+                    raise StepDefinitionError(f"dependency cycle: {cycle}")
+                validate_declaration(child)
+                state[id(child)] = 1
+                stack.append((child, 0))
+                path.append(child)
+            else:
+                stack.pop()
+                path.pop()
+                state[id(node)] = 2
+                order.append(node)
+    return order
+
+
+@dataclass
+class _VersionBuilder:
+    """Mutable scratch space for one step's walk; discarded after resolution."""
+
+    step: ExecutorStep
+    prefix: str
+    resolved: dict[int, ResolvedStep]
+    config_version: dict[str, Any] = field(default_factory=dict)
+    dep_hashes: list[str] = field(default_factory=list)
+    dep_paths: list[str] = field(default_factory=list)
+    blocking: dict[str, bool] = field(default_factory=dict)
+    output_path: str | None = None  # known only after the version; filled in a second pass
+
+    def dep_index(self, upstream: ResolvedStep, block: bool) -> int:
+        if upstream.output_path in self.blocking:
+            self.blocking[upstream.output_path] |= block
+            return self.dep_paths.index(upstream.output_path)
+        self.dep_hashes.append(upstream.version_hash)
+        self.dep_paths.append(upstream.output_path)
+        self.blocking[upstream.output_path] = block
+        return len(self.dep_paths) - 1
+
+    def on_marker(self, marker: Any, path: str) -> Any:
+        """Walker callback: record the marker in the version, return its concrete value."""
+        if isinstance(marker, ExecutorStep):
+            marker = InputName(marker, None)
+        if isinstance(marker, InputName):
+            if marker.step is None:
+                if not marker.name:
+                    raise StepDefinitionError(f"step {self.step.name!r}, field {path!r}: empty hard-coded path")
+                self.config_version[path] = marker.name
+                if is_absolute_path(marker.name):
+                    return marker.name
+                return join_path(self.prefix, marker.name)
+            upstream = self.resolved[id(marker.step)]
+            index = self.dep_index(upstream, marker.block_on_step)
+            self.config_version[path] = f"DEP[{index}]" + (f"/{marker.name}" if marker.name else "")
+            return join_path(upstream.output_path, marker.name)
+        if isinstance(marker, VersionedValue):
+            try:
+                self.config_version[path] = encode(marker.value, path)
+            except UnencodableValueError as error:
+                raise StepDefinitionError(
+                    f"step {self.step.name!r}: versioned {error}"
+                ) from None
+            return marker.value
+        if isinstance(marker, OutputName):
+            return marker  # filled in once the output path is known
+        raise AssertionError(f"unexpected marker {marker!r}")
+
+
+def _fill_output_paths(config: Any, output_path: str) -> Any:
+    return map_markers(
+        config,
+        lambda marker, _path: join_path(output_path, marker.name) if isinstance(marker, OutputName) else marker,
+    )
+
+
+def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
+    """Collect, version and place every step reachable from `roots`."""
+    declarations = collect_steps(roots)
+    resolved: dict[int, ResolvedStep] = {}
+    by_path: dict[str, ResolvedStep] = {}
+    unique: list[ResolvedStep] = []
+    for step in declarations:
+        builder = _VersionBuilder(step=step, prefix=prefix, resolved=resolved)
+        partial_config = map_markers(step.config, builder.on_marker)
+        version = {"name": step.name, "config": builder.config_version, "dependencies": builder.dep_hashes}
+        version_hash = sha256_hex(canonical_json(version))
+        default_path = join_path(prefix, f"{step.name}-{version_hash[:HASH_LENGTH]}")
+        output_path = default_path
+        if step.override_output_path is not None:
+            override = step.override_output_path
+            output_path = override if is_absolute_path(override) else join_path(prefix, override)
+            output_path = output_path.rstrip("/")
+            if output_path != default_path:
+                logger.warning(
+                    "step %r: override_output_path %s differs from the versioned path %s; "
+                    "changes to its versioned config will not change where it is written",
+                    step.name,
+                    output_path,
+                    default_path,
+                )
+        candidate = ResolvedStep(
+            step=step,
+            name=step.name,
+            version=version,
+            version_hash=version_hash,
+            output_path=output_path,
+            config=_fill_output_paths(partial_config, output_path),
+            blocking_deps=tuple(p for p in builder.dep_paths if builder.blocking[p]),
+            nonblocking_deps=tuple(p for p in builder.dep_paths if not builder.blocking[p]),
+        )
+        existing = by_path.get(output_path)
+        if existing is not None:
+            _check_interchangeable(existing, candidate)
+            resolved[id(step)] = existing
+            continue
+        resolved[id(step)] = by_path[output_path] = candidate
+        unique.append(candidate)
+    return StepGraph(prefix=prefix, steps=tuple(unique), by_declaration=resolved, declarations=tuple(declarations))
+
+
+def _check_interchangeable(kept: ResolvedStep, other: ResolvedStep) -> None:
+    """Two declarations landed on one output path: fine if they are the same step."""
+    problems = []
+    if kept.version_hash != other.version_hash:
+        problems.append("different versions")
+    if kept.step.fn is not other.step.fn:
+        problems.append(f"different functions ({kept.fn_name} vs {other.fn_name})")
+    if kept.config_digest != other.config_digest:
+        from executor.diffing import diff_flat, flatten
+
+        changed = [entry.field for entry in diff_flat(flatten(kept.config_record), flatten(other.config_record))]
+        problems.append("different unversioned config fields: " + ", ".join(changed))
+    if problems:
+        raise StepDefinitionError(
+            f"steps {kept.name!r} and {other.name!r} both resolve to the output path {kept.output_path} "
+            f"but have {'; '.join(problems)}. Give one a different name, version the field that tells "
+            "them apart, or remove the override_output_path"
+        )

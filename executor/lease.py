@@ -1,0 +1,185 @@
+"""Leases: at most one driver runs a step at a time, and a dead driver's step is taken over.
+
+A lease is the file `<output>/.executor_status.lock` holding the holder's worker id
+and the time of its last heartbeat. Every change to it is a compare-and-swap through
+the store, so two drivers can never both believe they hold it:
+
+- acquire: create the file if absent, or replace it if its heartbeat is older than
+  `timeout` (the holder died: SIGKILL, lost machine, preemption);
+- heartbeat: a background thread rewrites the holder's lease every
+  `heartbeat_interval`, swapping from the exact bytes it wrote last time. If the
+  swap fails, someone else took the lease over: the lease is *lost*, and the driver
+  is told so (it must not mark the step successful -- Marin #8107);
+- release: delete the file if it still holds our bytes.
+
+Timing is wall-clock time of the drivers (`heartbeat` is a Unix timestamp), so
+drivers on different machines need clocks within a fraction of `timeout`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from executor.store import Store
+from executor.tree import LeaseRecord, lease_path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseConfig:
+    """Timing of leases. Tests use intervals of a fraction of a second."""
+
+    heartbeat_interval: float = 10.0
+    """Seconds between refreshes of every lease this driver holds."""
+
+    timeout: float = 60.0
+    """A lease whose last heartbeat is older than this many seconds is taken over."""
+
+    poll_interval: float = 5.0
+    """Seconds between checks while waiting for a step another driver is running."""
+
+    def __post_init__(self):
+        if not 0 < self.heartbeat_interval < self.timeout:
+            raise ValueError(
+                f"LeaseConfig: heartbeat_interval ({self.heartbeat_interval}) must be positive and "
+                f"smaller than timeout ({self.timeout})"
+            )
+        if self.poll_interval <= 0:
+            raise ValueError(f"LeaseConfig: poll_interval must be positive, got {self.poll_interval}")
+
+
+def new_worker_id() -> str:
+    """Unique per driver (per Executor run): host, pid and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    acquired: bool
+    holder: LeaseRecord | None = None
+    """When not acquired: the current holder. When acquired: the stale lease taken over, if any."""
+
+
+class LeaseManager:
+    """The leases one driver holds, and the heartbeat thread that keeps them alive."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: LeaseConfig,
+        worker_id: str,
+        on_lost: Callable[[str], None] = lambda output_path: None,
+    ):
+        self.store = store
+        self.config = config
+        self.worker_id = worker_id
+        self.on_lost = on_lost
+        self._held: dict[str, bytes] = {}  # output path -> the bytes we last wrote
+        self._lost: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- public ---------------------------------------------------------------
+    def read(self, output_path: str) -> LeaseRecord | None:
+        return LeaseRecord.parse(self.store.read_bytes(lease_path(output_path)))
+
+    def is_stale(self, record: LeaseRecord | None, now: float | None = None) -> bool:
+        return record is None or (time.time() if now is None else now) - record.heartbeat > self.config.timeout
+
+    def try_acquire(self, output_path: str) -> AcquireResult:
+        path = lease_path(output_path)
+        for _ in range(5):  # a few retries when another driver changes the file between read and swap
+            current = self.store.read_bytes(path)
+            record = LeaseRecord.parse(current)
+            now = time.time()
+            if current is not None and not self.is_stale(record, now):
+                return AcquireResult(acquired=False, holder=record)
+            mine = self._record(now, acquired=now)
+            if self.store.compare_and_swap(path, current, mine):
+                with self._lock:
+                    self._held[output_path] = mine
+                    self._lost.discard(output_path)
+                self._ensure_thread()
+                if record is not None:
+                    logger.warning(
+                        "took over the stale lease on %s from %s (last heartbeat %.0fs ago)",
+                        output_path,
+                        record.worker,
+                        now - record.heartbeat,
+                    )
+                return AcquireResult(acquired=True, holder=record)
+        return AcquireResult(acquired=False, holder=self.read(output_path))
+
+    def refresh(self, output_path: str) -> bool:
+        """Renew our lease now; False (and the lease is lost) if someone took it."""
+        with self._lock:
+            previous = self._held.get(output_path)
+        if previous is None:
+            return False
+        record = LeaseRecord.parse(previous)
+        mine = self._record(time.time(), acquired=record.acquired if record else time.time())
+        if self.store.compare_and_swap(lease_path(output_path), previous, mine):
+            with self._lock:
+                if output_path in self._held:
+                    self._held[output_path] = mine
+            return True
+        self._mark_lost(output_path)
+        return False
+
+    def holds(self, output_path: str) -> bool:
+        with self._lock:
+            return output_path in self._held
+
+    def was_lost(self, output_path: str) -> bool:
+        with self._lock:
+            return output_path in self._lost
+
+    def release(self, output_path: str) -> None:
+        with self._lock:
+            mine = self._held.pop(output_path, None)
+        if mine is not None and not self.store.compare_and_swap(lease_path(output_path), mine, None):
+            logger.warning("lease on %s was no longer ours at release", output_path)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.config.heartbeat_interval + 5)
+
+    # -- internals ------------------------------------------------------------
+    def _record(self, now: float, acquired: float) -> bytes:
+        return LeaseRecord(
+            worker=self.worker_id, heartbeat=now, acquired=acquired, host=socket.gethostname(), pid=os.getpid()
+        ).to_bytes()
+
+    def _mark_lost(self, output_path: str) -> None:
+        with self._lock:
+            if self._held.pop(output_path, None) is None:
+                return
+            self._lost.add(output_path)
+        logger.error("lost the lease on %s: another driver took it over", output_path)
+        self.on_lost(output_path)
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._heartbeat_loop, name="lease-heartbeat", daemon=True)
+                self._thread.start()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.config.heartbeat_interval):
+            with self._lock:
+                paths = list(self._held)
+            for output_path in paths:
+                try:
+                    self.refresh(output_path)
+                except Exception:  # storage hiccup: keep trying until the lease times out
+                    logger.exception("heartbeat for %s failed", output_path)

@@ -1,0 +1,313 @@
+"""The plan: what the executor will do with each step, and why.
+
+One row per selected step: its action (run / skip / wait / blocked / error) and the
+reason. Two things no other executor tells you:
+
+- when a step is new but outputs of the same name already exist under the prefix,
+  *why its hash differs* from the most recent one (the versioned fields and upstream
+  versions that changed);
+- when a step is skipped but its stored config differs from the current one in
+  unversioned fields, a warning listing those fields (the output was made with other
+  settings that, by declaration, do not matter -- but you should know).
+
+Selection: the steps passed to `run` and, through blocking inputs, everything they
+need. Nonblocking parents are not run unless a blocking child needs them or `run_only`
+selects them. With `run_only`, only steps whose names match one of the regexes (from
+the start of the name, as in Marin) run, plus their blocking dependencies that have
+not succeeded.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from executor.diffing import diff_flat, diff_versions, flatten
+from executor.graph import HASH_LENGTH, ResolvedStep, StepDefinitionError, StepGraph
+from executor.lease import LeaseManager
+from executor.steps import ExecutorStep
+from executor.store import Store
+from executor.tree import LeaseRecord, Status, StatusEvent, read_info, read_status, utc_now_iso
+
+READ_PARALLELISM = 16
+"""Concurrent status reads: object stores answer one request per round trip."""
+
+
+class Action(str, enum.Enum):
+    RUN = "run"
+    SKIP = "skip"
+    WAIT = "wait"
+    BLOCKED = "blocked"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    step: ResolvedStep
+    action: Action
+    reason: str
+    status: Status | None = None
+    lease: LeaseRecord | None = None
+    why_new: tuple[str, ...] = ()
+    """For a new step: how its version differs from the most recent output of the same name."""
+
+    previous_output: str | None = None
+    """That most recent output of the same name."""
+
+    unversioned_changes: tuple[str, ...] = ()
+    """For a skipped step: config fields that differ from the stored config."""
+
+    @property
+    def name(self) -> str:
+        return self.step.name
+
+    @property
+    def output_path(self) -> str:
+        return self.step.output_path
+
+
+@dataclass(frozen=True)
+class Plan:
+    rows: tuple[PlannedStep, ...]
+    """Selected steps in topological order."""
+
+    graph: StepGraph = field(repr=False)
+
+    def row(self, output_path: str) -> PlannedStep:
+        return next(row for row in self.rows if row.output_path == output_path)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in self.rows:
+            out[row.action.value] = out.get(row.action.value, 0) + 1
+        return out
+
+    def format(self) -> str:
+        """The plan as a table, with the hash-change explanations and warnings under their rows."""
+        if not self.rows:
+            return "Plan: nothing selected."
+        counts = ", ".join(f"{n} {action}" for action, n in self.counts().items())
+        lines = [f"Plan: {len(self.rows)} steps ({counts})"]
+        width = max(len(row.name) for row in self.rows)
+        for row in self.rows:
+            lines.append(f"  {row.action.value:<7} {row.name:<{width}}  {row.reason}")
+            lines.append(f"  {'':<7} {'':<{width}}  -> {row.output_path}")
+            if row.why_new:
+                lines.append(f"  {'':<7} {'':<{width}}  hash differs from {row.previous_output}:")
+                lines.extend(f"  {'':<7} {'':<{width}}    {reason}" for reason in row.why_new)
+            if row.unversioned_changes:
+                lines.append(
+                    f"  {'':<7} {'':<{width}}  WARNING: reusing an output made with other unversioned settings:"
+                )
+                lines.extend(f"  {'':<7} {'':<{width}}    {change}" for change in row.unversioned_changes)
+        return "\n".join(lines)
+
+
+def compile_run_only(patterns: Sequence[str] | None) -> list[re.Pattern] | None:
+    if patterns is None:
+        return None
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as error:
+            raise ValueError(f"run_only: invalid regular expression {pattern!r}: {error}") from None
+    return compiled
+
+
+def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, list[StatusEvent]]:
+    if len(steps) <= 1:
+        return {step.output_path: read_status(store, step.output_path) for step in steps}
+    with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
+        results = pool.map(lambda step: read_status(store, step.output_path), steps)
+        return {step.output_path: events for step, events in zip(steps, results, strict=True)}
+
+
+def select_steps(
+    graph: StepGraph,
+    roots: Sequence[ExecutorStep],
+    run_only: list[re.Pattern] | None,
+    statuses: dict[str, list[StatusEvent]],
+) -> list[ResolvedStep]:
+    """The steps this run considers, in topological order (see the module docstring)."""
+    by_path = graph.by_path
+    if run_only is None:
+        wanted = [graph.resolved(root).output_path for root in roots]
+        expand_succeeded = True
+    else:
+        wanted = [s.output_path for s in graph.steps if any(p.match(s.name) for p in run_only)]
+        if not wanted:
+            names = ", ".join(sorted({s.name for s in graph.steps}))
+            patterns = ", ".join(p.pattern for p in run_only)
+            raise ValueError(f"run_only patterns ({patterns}) match no step; the steps are: {names}")
+        expand_succeeded = False
+    selected: set[str] = set()
+    stack = list(wanted)
+    while stack:
+        path = stack.pop()
+        if path in selected:
+            continue
+        selected.add(path)
+        step = by_path[path]
+        for dep in step.blocking_deps:
+            done = statuses.get(dep) and statuses[dep][-1].status == Status.SUCCESS
+            if expand_succeeded or not done:
+                stack.append(dep)
+    return [step for step in graph.steps if step.output_path in selected]
+
+
+def make_plan(
+    graph: StepGraph,
+    roots: Sequence[ExecutorStep],
+    store: Store,
+    leases: LeaseManager,
+    run_only: Sequence[str] | None = None,
+    force_run_failed: bool = True,
+) -> Plan:
+    patterns = compile_run_only(run_only)
+    statuses = _read_statuses(store, graph.steps)
+    selected = select_steps(graph, roots, patterns, statuses)
+    names = {step.output_path: step.name for step in graph.steps}
+    siblings = _SiblingFinder(store)
+    rows: dict[str, PlannedStep] = {}
+    now = time.time()
+    for step in selected:
+        events = statuses[step.output_path]
+        row = _plan_step(step, events, store, leases, force_run_failed, now)
+        if row.action == Action.RUN and not events:
+            previous = siblings.most_recent(step)
+            if previous is not None:
+                path, version = previous
+                dep_names = [names.get(p, p) for p in step.dependencies]
+                reasons = diff_versions(version, step.version, dep_names)
+                row = _replace(row, why_new=tuple(reasons), previous_output=path)
+        pending = [
+            dep
+            for dep in step.blocking_deps
+            if dep in rows and rows[dep].action in (Action.RUN, Action.WAIT, Action.BLOCKED)
+        ]
+        if row.action == Action.RUN and pending:
+            verb = "runs elsewhere" if rows[pending[0]].action == Action.WAIT else "will run"
+            row = _replace(
+                row, action=Action.BLOCKED, reason=f"{row.reason}; after dependency {names[pending[0]]} {verb}"
+            )
+        rows[step.output_path] = row
+    return Plan(rows=tuple(rows[s.output_path] for s in selected), graph=graph)
+
+
+def _replace(row: PlannedStep, **changes) -> PlannedStep:
+    import dataclasses
+
+    return dataclasses.replace(row, **changes)
+
+
+def _plan_step(
+    step: ResolvedStep,
+    events: list[StatusEvent],
+    store: Store,
+    leases: LeaseManager,
+    force_run_failed: bool,
+    now: float,
+) -> PlannedStep:
+    status = events[-1].status if events else None
+    if status == Status.SUCCESS:
+        return _plan_succeeded(step, events[-1], store)
+    if status == Status.FAILED:
+        if force_run_failed:
+            return PlannedStep(step, Action.RUN, "failed before; re-running (force_run_failed)", status)
+        return PlannedStep(
+            step,
+            Action.ERROR,
+            f"failed previously (log: {step.output_path}/.executor_log); re-run with --force_run_failed true",
+            status,
+        )
+    lease = leases.read(step.output_path)
+    if lease is not None and not leases.is_stale(lease, now):
+        return PlannedStep(
+            step,
+            Action.WAIT,
+            f"running elsewhere: held by {lease.worker} since {utc_now_iso(lease.acquired)}",
+            status,
+            lease,
+        )
+    if lease is not None:
+        return PlannedStep(
+            step,
+            Action.RUN,
+            f"stale lease of {lease.worker} (last heartbeat {utc_now_iso(lease.heartbeat)}) will be taken over",
+            status,
+            lease,
+        )
+    if status == Status.RUNNING:
+        return PlannedStep(step, Action.RUN, "a previous run did not finish (no live lease)", status)
+    if status == Status.DEP_FAILED:
+        return PlannedStep(step, Action.RUN, "a dependency failed in a previous run; trying again", status)
+    return PlannedStep(step, Action.RUN, "no output yet", status)
+
+
+def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> PlannedStep:
+    stored_version = event.extra.get("version_hash")
+    if stored_version is not None and stored_version != step.version_hash:
+        info = read_info(store, step.output_path) or {}
+        reasons = diff_versions(info.get("version", {}), step.version) or ["(versions differ)"]
+        if step.step.override_output_path is None:
+            raise StepDefinitionError(
+                f"step {step.name!r}: {step.output_path} holds a different version of this step "
+                f"({stored_version[:12]} vs {step.version_hash[:12]}; {'; '.join(reasons)}). This is a "
+                "hash collision; rename the step or delete that output"
+            )
+        return PlannedStep(
+            step,
+            Action.SKIP,
+            "already succeeded (override_output_path: stored output has another version)",
+            Status.SUCCESS,
+            unversioned_changes=tuple(reasons),
+        )
+    changes: tuple[str, ...] = ()
+    stored_digest = event.extra.get("config_digest")
+    if stored_digest is not None and stored_digest != step.config_digest:
+        info = read_info(store, step.output_path) or {}
+        diff = diff_flat(flatten(info.get("config")), flatten(step.config_record))
+        changes = tuple(change.describe() for change in diff)
+    return PlannedStep(step, Action.SKIP, "already succeeded", Status.SUCCESS, unversioned_changes=changes)
+
+
+class _SiblingFinder:
+    """Finds earlier outputs of the same step name (`<name>-<hash>` next to ours)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._listings: dict[str, list] = {}
+
+    def most_recent(self, step: ResolvedStep) -> tuple[str, dict] | None:
+        parent, _, base = step.output_path.rpartition("/")
+        if not base.startswith(f"{step.name.rsplit('/', 1)[-1]}-"):
+            return None  # override_output_path: no siblings by name
+        listing = self._listings.get(parent)
+        if listing is None:
+            listing = self._listings[parent] = self.store.list_dir(parent)
+        stem = base[: -(HASH_LENGTH + 1)]
+        candidates = [
+            info
+            for info in listing
+            if info.is_dir
+            and info.path != step.output_path
+            and info.name[: -(HASH_LENGTH + 1)] == stem
+            and len(info.name) == len(base)
+        ]
+        best: tuple[str, str, dict] | None = None
+        for candidate in candidates:
+            events = read_status(self.store, candidate.path)
+            record = read_info(self.store, candidate.path)
+            if record is None or "version" not in record:
+                continue
+            stamp = events[-1].date if events else ""
+            if best is None or stamp > best[0]:
+                best = (stamp, candidate.path, record["version"])
+        return None if best is None else (best[1], best[2])

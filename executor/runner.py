@@ -1,0 +1,291 @@
+"""Runs a plan: steps in driver threads, in dependency order, under leases.
+
+All scheduling state lives in `Runner` and is touched only by the thread that calls
+`Runner.run`; worker threads report back through one queue. A worker thread:
+
+1. reads the step's status -- done already (by another driver)? then it is skipped;
+2. tries to take the lease; if another live driver holds it, waits and polls;
+3. with the lease: writes `.executor_info`, marks RUNNING, calls `fn(config)` with its
+   output captured to the step's log, then marks SUCCESS -- only if the function
+   returned normally *and* the lease is still ours -- and releases the lease.
+
+A failing step marks its dependents DEP_FAILED; independent branches go on. If the
+heartbeat thread finds the lease taken over, the runner stops waiting on that step at
+once and reports it; the orphaned function may still finish, but it never writes
+SUCCESS.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from executor.events import (
+    RunFinished,
+    StepFailed,
+    StepSkipped,
+    StepStarted,
+    StepSucceeded,
+    StepWaiting,
+)
+from executor.lease import LeaseManager
+from executor.logs import capture_step_log
+from executor.plan import Action, Plan, PlannedStep
+from executor.store import Store
+from executor.tree import Status, append_status, log_path, read_status, step_info_record, write_info
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONCURRENT = 32
+"""Driver threads when `max_concurrent` is None. Steps that need more parallelism than
+this are heavy and belong on a remote backend anyway."""
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    DEP_FAILED = "dep_failed"
+    LOST = "lease_lost"
+    FAILED_ELSEWHERE = "failed_elsewhere"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def ok(self) -> bool:
+        return self in (Outcome.SUCCEEDED, Outcome.SKIPPED)
+
+
+@dataclass(frozen=True)
+class Failure:
+    name: str
+    output_path: str
+    outcome: Outcome
+    error: str
+    log_path: str | None
+
+
+class ExecutorRunError(RuntimeError):
+    """Some steps failed. `failures` lists each one with its log path."""
+
+    def __init__(self, failures: list[Failure]):
+        self.failures = failures
+        lines = [f"{len(failures)} step(s) did not succeed:"]
+        for failure in failures:
+            where = f"\n      log: {failure.log_path}" if failure.log_path else ""
+            lines.append(f"  - {failure.name} [{failure.outcome.value}] {failure.error}{where}")
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class RunSummary:
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    duration: float = 0.0
+
+
+class Runner:
+    def __init__(
+        self,
+        plan: Plan,
+        store: Store,
+        leases: LeaseManager,
+        emit: Callable[[Any], None],
+        max_concurrent: int | None = None,
+    ):
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        self.plan = plan
+        self.store = store
+        self.leases = leases
+        self.emit = emit
+        self.max_concurrent = max_concurrent or DEFAULT_MAX_CONCURRENT
+        self._messages: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._names = {step.output_path: step.name for step in plan.graph.steps}
+
+    # -- main thread ----------------------------------------------------------
+    def lease_lost(self, output_path: str) -> None:
+        """Called by the heartbeat thread."""
+        self._messages.put(("lost", output_path, None))
+
+    def run(self) -> RunSummary:
+        start = time.time()
+        summary = RunSummary()
+        todo: dict[str, PlannedStep] = {}
+        for row in self.plan.rows:
+            if row.action == Action.SKIP:
+                summary.outcomes[row.output_path] = Outcome.SKIPPED
+                self.emit(StepSkipped(row.name, row.output_path, reason=row.reason))
+            else:
+                todo[row.output_path] = row
+        blockers = {path: {dep for dep in row.step.blocking_deps if dep in todo} for path, row in todo.items()}
+        dependents: dict[str, list[str]] = {path: [] for path in todo}
+        for path, deps in blockers.items():
+            for dep in deps:
+                dependents[dep].append(path)
+        ready = [path for path, deps in blockers.items() if not deps]
+        running: set[str] = set()
+        try:
+            while ready or running:
+                while ready and len(running) < self.max_concurrent:
+                    path = ready.pop(0)
+                    running.add(path)
+                    threading.Thread(
+                        target=self._worker, args=(todo[path],), name=f"step:{todo[path].name}", daemon=True
+                    ).start()
+                kind, path, payload = self._messages.get()
+                if path not in running:
+                    continue  # a late report from a step already written off (lease lost)
+                running.discard(path)
+                outcome, error = (Outcome.LOST, "lease lost to another driver") if kind == "lost" else payload
+                summary.outcomes[path] = outcome
+                if outcome.ok:
+                    for child in dependents[path]:
+                        blockers[child].discard(path)
+                        if not blockers[child] and child not in summary.outcomes:
+                            ready.append(child)
+                    continue
+                if kind == "lost":
+                    self.emit(StepFailed(todo[path].name, path, kind=outcome.value, error=error))
+                summary.failures.append(Failure(todo[path].name, path, outcome, error, log_path(path)))
+                for child in self._descendants(path, dependents):
+                    if child in summary.outcomes:
+                        continue
+                    summary.outcomes[child] = Outcome.DEP_FAILED
+                    if child in ready:
+                        ready.remove(child)
+                    self._mark_dep_failed(todo[child], failed_name=todo[path].name)
+        except BaseException:
+            self._stop.set()
+            self._interrupt(running)
+            raise
+        summary.duration = time.time() - start
+        ok = [o for o in summary.outcomes.values() if o.ok]
+        self.emit(
+            RunFinished(
+                succeeded=sum(o == Outcome.SUCCEEDED for o in ok),
+                skipped=sum(o == Outcome.SKIPPED for o in ok),
+                failed=len(summary.outcomes) - len(ok),
+                duration=summary.duration,
+            )
+        )
+        return summary
+
+    @staticmethod
+    def _descendants(path: str, dependents: dict[str, list[str]]) -> list[str]:
+        seen: list[str] = []
+        stack = list(dependents[path])
+        while stack:
+            child = stack.pop()
+            if child not in seen:
+                seen.append(child)
+                stack.extend(dependents[child])
+        return seen
+
+    def _mark_dep_failed(self, row: PlannedStep, failed_name: str) -> None:
+        message = f"dependency {failed_name} failed"
+        self.emit(StepFailed(row.name, row.output_path, kind=Outcome.DEP_FAILED.value, error=message))
+        if row.action == Action.WAIT:
+            return  # another driver owns it
+        if self.leases.try_acquire(row.output_path).acquired:
+            try:
+                append_status(self.store, row.output_path, Status.DEP_FAILED, message, self.leases.worker_id)
+            finally:
+                self.leases.release(row.output_path)
+
+    def _interrupt(self, running: set[str]) -> None:
+        for path in running:
+            if self.leases.holds(path):
+                try:
+                    append_status(self.store, path, Status.FAILED, "interrupted", self.leases.worker_id)
+                finally:
+                    self.leases.release(path)
+
+    # -- worker threads -------------------------------------------------------
+    def _worker(self, row: PlannedStep) -> None:
+        try:
+            result = self._acquire_and_run(row)
+        except BaseException as error:  # a bug or a storage error outside the step function
+            logger.exception("executor error while running %s", row.name)
+            self.leases.release(row.output_path)
+            result = (Outcome.FAILED, f"executor error: {type(error).__name__}: {error}")
+            self.emit(StepFailed(row.name, row.output_path, kind="error", error=result[1]))
+        self._messages.put(("done", row.output_path, result))
+
+    def _acquire_and_run(self, row: PlannedStep) -> tuple[Outcome, str]:
+        path = row.output_path
+        announced: str | None = None
+        while not self._stop.is_set():
+            events = read_status(self.store, path)
+            status = events[-1].status if events else None
+            if status == Status.SUCCESS:
+                reason = "finished by another driver" if announced else "already succeeded"
+                self.emit(StepSkipped(row.name, path, reason=reason))
+                return Outcome.SKIPPED, reason
+            if announced and status == Status.FAILED:
+                error = f"failed in another driver ({announced}): {events[-1].message}"
+                self.emit(StepFailed(row.name, path, kind="failed_elsewhere", error=error, log_path=log_path(path)))
+                return Outcome.FAILED_ELSEWHERE, error
+            attempt = self.leases.try_acquire(path)
+            if attempt.acquired:
+                events = read_status(self.store, path)
+                if events and events[-1].status == Status.SUCCESS:
+                    self.leases.release(path)
+                    self.emit(StepSkipped(row.name, path, reason="finished by another driver"))
+                    return Outcome.SKIPPED, "finished by another driver"
+                return self._run_holding_lease(row)
+            holder = attempt.holder
+            if holder is not None and holder.worker != announced:
+                announced = holder.worker
+                self.emit(StepWaiting(row.name, path, holder=holder.worker, since=holder.acquired))
+            self._stop.wait(self.leases.config.poll_interval)
+        return Outcome.INTERRUPTED, "interrupted"
+
+    def _run_holding_lease(self, row: PlannedStep) -> tuple[Outcome, str]:
+        step, path, worker = row.step, row.output_path, self.leases.worker_id
+        start = time.time()
+        write_info(self.store, step_info_record(step, self._names))
+        append_status(self.store, path, Status.RUNNING, None, worker)
+        error: BaseException | None = None
+        with capture_step_log(self.store, path) as log:
+            self.emit(StepStarted(row.name, path, log_path=log))
+            try:
+                step.step.fn(step.config)
+            except BaseException as caught:  # SystemExit from a step is a failure, not an exit
+                error = caught
+                traceback.print_exc()
+        duration = time.time() - start
+        if self.leases.was_lost(path) or not self.leases.refresh(path):
+            message = "lease lost to another driver while the step ran; not marking it successful"
+            self.emit(StepFailed(row.name, path, kind=Outcome.LOST.value, error=message, log_path=log))
+            return Outcome.LOST, message
+        if error is not None:
+            message = f"{type(error).__name__}: {error}"
+            try:
+                append_status(self.store, path, Status.FAILED, message, worker, duration_s=round(duration, 3))
+            finally:
+                self.leases.release(path)
+            self.emit(StepFailed(row.name, path, kind="error", error=message, log_path=log))
+            return Outcome.FAILED, message
+        try:
+            append_status(
+                self.store,
+                path,
+                Status.SUCCESS,
+                None,
+                worker,
+                duration_s=round(duration, 3),
+                version_hash=step.version_hash,
+                config_digest=step.config_digest,
+            )
+        finally:
+            self.leases.release(path)
+        self.emit(StepSucceeded(row.name, path, duration=duration))
+        return Outcome.SUCCEEDED, ""

@@ -1,0 +1,179 @@
+"""Step declarations: the values an experiment script builds.
+
+These are plain immutable values. Nothing here touches storage or computes a hash;
+`executor.graph` turns a list of steps into a resolved DAG.
+
+The names and signatures follow Marin's executor so that a Marin experiment script
+ports by changing only its imports:
+
+- `ExecutorStep(name, fn, config)`: one unit of cached work. `fn(config)` is called with
+  the config after every placeholder in it has been replaced by a concrete path.
+- `InputName(step, name)`: "the output of `step`, sub-path `name`". `step / "sub"`,
+  `step.cd("sub")` and `output_path_of(step, "sub")` all build one.
+- `InputName.hardcoded(path)`: an input that is not produced by a step. A relative
+  path is taken relative to the prefix, so the experiment stays prefix-independent.
+- `.nonblocking()`: the input's path is filled in and its version counts, but the
+  step does not wait for (or run) the producer.
+- `this_output_path(sub)` / `THIS_OUTPUT_PATH`: the step's own output directory.
+- `versioned(v)`: mark a config value as part of the step's identity (its hash).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+ConfigT = TypeVar("ConfigT")
+T = TypeVar("T")
+
+
+def _join(base: str | None, sub: str | None) -> str | None:
+    if not base:
+        return sub or None
+    if not sub:
+        return base
+    return f"{base.rstrip('/')}/{sub.lstrip('/')}"
+
+
+# eq=False: steps are identified by object identity during graph collection (their
+# configs usually hold lists and dicts, so value hashing is impossible anyway); two
+# steps that are the same *by value* collapse later because their versions are equal.
+@dataclass(frozen=True, eq=False)
+class ExecutorStep(Generic[ConfigT]):
+    """One cached unit of work: `fn(config)` writing under its output path."""
+
+    name: str
+    """Human-readable name; may contain '/' (e.g. 'tokenized/stdlib'). The output goes to
+    `<prefix>/<name>-<hash>`."""
+
+    fn: Callable[[ConfigT], Any]
+    """The step function. Called with the config after placeholders are filled in."""
+
+    config: ConfigT
+    """A dataclass instance (or None). Fields wrapped in `versioned()` and the inputs
+    (`InputName`s) determine the step's version."""
+
+    description: str | None = None
+    """Free text shown in plans and recorded in `.executor_info`."""
+
+    override_output_path: str | None = None
+    """Write here instead of `<prefix>/<name>-<hash>`; relative paths are under the prefix."""
+
+    pip_dependency_groups: list[str] | None = None
+    """Optional-dependency groups the step needs (used by remote backends)."""
+
+    resources: Any = None
+    """Resources the step asks for (e.g. accelerators); None means a light step run in
+    the driver."""
+
+    def cd(self, name: str) -> InputName:
+        """The sub-path `name` of this step's output, as an input for another step."""
+        return InputName(self, name)
+
+    def __truediv__(self, name: str) -> InputName:
+        return self.cd(name)
+
+    def nonblocking(self) -> InputName:
+        """This step's output as an input that does not wait for the step to run."""
+        return InputName(self, None, block_on_step=False)
+
+    def with_output_path(self, output_path: str) -> ExecutorStep[ConfigT]:
+        """A copy of this step that writes to `output_path`."""
+        return dataclasses.replace(self, override_output_path=output_path)
+
+    def __repr__(self) -> str:
+        return f"ExecutorStep(name={self.name!r})"
+
+
+@dataclass(frozen=True)
+class InputName:
+    """A path inside another step's output (or a hard-coded path when `step` is None)."""
+
+    step: ExecutorStep | None
+    """The producing step, or None for a hard-coded path."""
+
+    name: str | None
+    """Sub-path inside the step's output (or the whole path when `step` is None)."""
+
+    block_on_step: bool = True
+    """Whether the consumer waits for the producer (and runs it if needed)."""
+
+    def cd(self, name: str) -> InputName:
+        return dataclasses.replace(self, name=_join(self.name, name))
+
+    def __truediv__(self, name: str) -> InputName:
+        return self.cd(name)
+
+    def nonblocking(self) -> InputName:
+        return dataclasses.replace(self, block_on_step=False)
+
+    @staticmethod
+    def hardcoded(path: str) -> InputName:
+        """An input path not produced by any step (relative paths are under the prefix)."""
+        return InputName(None, path)
+
+    def __repr__(self) -> str:
+        owner = self.step.name if self.step is not None else "<hardcoded>"
+        flag = "" if self.block_on_step else ", nonblocking"
+        return f"InputName({owner!r}, {self.name!r}{flag})"
+
+
+def output_path_of(step: ExecutorStep, name: str | None = None) -> InputName:
+    """The output path of `step` (optionally a sub-path), as an input for another step."""
+    return InputName(step, name)
+
+
+def get_executor_step(value: ExecutorStep | InputName) -> ExecutorStep:
+    """The step behind a step or a (non-hardcoded) input."""
+    if isinstance(value, ExecutorStep):
+        return value
+    if isinstance(value, InputName) and value.step is not None:
+        return value.step
+    raise ValueError(f"{value!r} does not refer to a step")
+
+
+@dataclass(frozen=True)
+class OutputName:
+    """Placeholder for the running step's own output path (or a sub-path of it)."""
+
+    name: str | None
+    """Sub-path inside the step's output directory, or None for the directory itself."""
+
+
+def this_output_path(name: str | None = None) -> OutputName:
+    """The step's own output path (or `name` under it), filled in at run time."""
+    return OutputName(name)
+
+
+THIS_OUTPUT_PATH = OutputName(None)
+
+
+@dataclass(frozen=True)
+class VersionedValue(Generic[T]):
+    """A config value that is part of the step's version (its hash)."""
+
+    value: T
+
+
+def versioned(value: T) -> VersionedValue[T]:
+    """Mark `value` as versioned: changing it changes the step's hash and output path."""
+    if isinstance(value, VersionedValue):
+        raise ValueError(f"versioned() was given a value that is already versioned: {value!r}")
+    if isinstance(value, (InputName, ExecutorStep, OutputName)):
+        raise ValueError(
+            f"versioned() cannot wrap {type(value).__name__} {value!r}: inputs are always part of "
+            "the version (as their producer's version), and the output path is derived from it"
+        )
+    return VersionedValue(value)
+
+
+def ensure_versioned(value: T | VersionedValue[T]) -> VersionedValue[T]:
+    """`versioned(value)` unless it already is."""
+    return value if isinstance(value, VersionedValue) else versioned(value)
+
+
+def unwrap_versioned_value(value: Any) -> Any:
+    """The plain value of a possibly versioned value."""
+    return value.value if isinstance(value, VersionedValue) else value

@@ -1,0 +1,265 @@
+"""The one storage interface the executor writes through.
+
+Everything the executor puts in the output tree -- step info, status, leases, logs,
+experiment manifests -- goes through `Store`, so local disk, `memory://` and object
+stores (`s3://`, `gs://`) share one code path and one contract test suite
+(`tests/executor/test_store_contract.py`).
+
+The interface is deliberately small:
+
+- `read_bytes` / `read_text` return None for a missing file (no exists-then-read race);
+- `write_atomic` never leaves a half-written file under the final name (temporary
+  name then rename on local disk; object stores publish an object whole);
+- `compare_and_swap` replaces a file only if it still holds what the caller last saw.
+  Leases are built on it. It is atomic on local disk (an flock on the directory
+  serialises the read-compare-write between processes and threads) and in memory
+  (a process lock). On object stores it is a read-compare-write with a small race
+  window: conditional writes (S3 `If-None-Match`, GCS generation preconditions) are
+  the way to close it and belong here when a backend needs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+
+import fsspec
+
+
+class StoreError(OSError):
+    """The prefix cannot be read or written."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """What a listing says about one entry."""
+
+    path: str
+    name: str
+    is_dir: bool
+    size: int
+    mtime: float | None
+
+
+def _to_bytes(data: bytes | str) -> bytes:
+    return data.encode("utf-8") if isinstance(data, str) else data
+
+
+class Store:
+    """fsspec-backed store; subclasses specialise atomicity for their backend."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, protocol: str):
+        self.fs = fs
+        self.protocol = protocol
+
+    # -- naming ---------------------------------------------------------------
+    def _fs_path(self, path: str) -> str:
+        return path
+
+    # -- reads ----------------------------------------------------------------
+    def read_bytes(self, path: str) -> bytes | None:
+        try:
+            with self.fs.open(self._fs_path(path), "rb") as handle:
+                return handle.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def read_text(self, path: str) -> str | None:
+        data = self.read_bytes(path)
+        return None if data is None else data.decode("utf-8")
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(self._fs_path(path))
+
+    def list_dir(self, path: str) -> list[FileInfo]:
+        """Direct children of `path`; empty when it does not exist."""
+        try:
+            entries = self.fs.ls(self._fs_path(path), detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        base = self._fs_path(path).rstrip("/")
+        out = []
+        for entry in entries:
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            if entry["name"].rstrip("/") == base:
+                continue
+            mtime = entry.get("mtime") or entry.get("LastModified") or entry.get("created")
+            if hasattr(mtime, "timestamp"):
+                mtime = mtime.timestamp()
+            out.append(
+                FileInfo(
+                    path=f"{path.rstrip('/')}/{name}",
+                    name=name,
+                    is_dir=entry.get("type") == "directory",
+                    size=int(entry.get("size") or 0),
+                    mtime=float(mtime) if mtime is not None else None,
+                )
+            )
+        return sorted(out, key=lambda info: info.name)
+
+    # -- writes ---------------------------------------------------------------
+    def makedirs(self, path: str) -> None:
+        self.fs.makedirs(self._fs_path(path), exist_ok=True)
+
+    def write_atomic(self, path: str, data: bytes | str) -> None:
+        parent = path.rsplit("/", 1)[0]
+        self.makedirs(parent)
+        with self.fs.open(self._fs_path(path), "wb") as handle:
+            handle.write(_to_bytes(data))
+
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self._fs_path(path))
+
+    def delete_tree(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self._fs_path(path), recursive=True)
+
+    def _locked(self, path: str):
+        return contextlib.nullcontext()
+
+    def compare_and_swap(self, path: str, expected: bytes | str | None, new: bytes | str | None) -> bool:
+        """Set `path` to `new` (None deletes it) only if it now holds `expected` (None: absent)."""
+        expected_bytes = None if expected is None else _to_bytes(expected)
+        with self._locked(path):
+            if self.read_bytes(path) != expected_bytes:
+                return False
+            if new is None:
+                self.delete(path)
+            else:
+                self.write_atomic(path, new)
+            return True
+
+    def check_writable(self, prefix: str) -> None:
+        """Raise StoreError naming `prefix` unless a file can be created and removed there."""
+        probe = f"{prefix.rstrip('/')}/.write-probe-{uuid.uuid4().hex}"
+        try:
+            self.write_atomic(probe, b"probe")
+            self.delete(probe)
+        except Exception as error:  # any backend error means the same thing to the user
+            raise StoreError(
+                f"cannot write to the prefix {prefix}: {type(error).__name__}: {error}. "
+                "Check that it exists or can be created, that you have write access, and "
+                "that any credentials are set"
+            ) from error
+
+    def check_readable(self, prefix: str) -> None:
+        try:
+            self.list_dir(prefix)
+        except Exception as error:
+            raise StoreError(f"cannot read the prefix {prefix}: {type(error).__name__}: {error}") from error
+
+    def local_path(self, path: str) -> str | None:
+        """A local filesystem path for `path`, if the store is local disk."""
+        return None
+
+
+class LocalStore(Store):
+    """Local disk: atomic rename for writes, flock for compare-and-swap."""
+
+    def __init__(self):
+        super().__init__(fsspec.filesystem("file"), "file")
+
+    def _fs_path(self, path: str) -> str:
+        return path[len("file://") :] if path.startswith("file://") else path
+
+    def local_path(self, path: str) -> str:
+        return self._fs_path(path)
+
+    def read_bytes(self, path: str) -> bytes | None:
+        try:
+            with open(self._fs_path(path), "rb") as handle:
+                return handle.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._fs_path(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(self._fs_path(path), exist_ok=True)
+
+    def write_atomic(self, path: str, data: bytes | str) -> None:
+        target = self._fs_path(path)
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        temp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(target)}")
+        try:
+            with open(temp, "wb") as handle:
+                handle.write(_to_bytes(data))
+            os.replace(temp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._fs_path(path))
+
+    @contextlib.contextmanager
+    def _locked(self, path: str):
+        directory = os.path.dirname(self._fs_path(path))
+        os.makedirs(directory, exist_ok=True)
+        # flock on the directory: one lock per output directory, no extra files, and
+        # released by the kernel if the process dies while holding it.
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+class MemoryStore(Store):
+    """fsspec's in-process `memory://` filesystem (tests, scratch runs)."""
+
+    _lock = threading.RLock()
+
+    def __init__(self):
+        super().__init__(fsspec.filesystem("memory"), "memory")
+
+    def _locked(self, path: str):
+        return self._lock
+
+    def write_atomic(self, path: str, data: bytes | str) -> None:
+        # The memory filesystem publishes the buffer on close; serialise with CAS.
+        with self._lock:
+            super().write_atomic(path, data)
+
+    def read_bytes(self, path: str) -> bytes | None:
+        with self._lock:
+            return super().read_bytes(path)
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def open_store(prefix: str) -> Store:
+    """The store for `prefix`: local disk, `memory://`, or any fsspec protocol."""
+    if is_local(prefix):
+        return LocalStore()
+    protocol = prefix.split("://", 1)[0]
+    if protocol == "memory":
+        return MemoryStore()
+    try:
+        fs, _ = fsspec.core.url_to_fs(prefix)
+    except (ImportError, ValueError) as error:
+        raise StoreError(
+            f"no filesystem for {prefix!r}: {error}. Install the fsspec backend for {protocol}:// "
+            "(s3fs for s3://, gcsfs for gs://)"
+        ) from error
+    return Store(fs, protocol)
+
+
+def normalize_prefix(prefix: str) -> str:
+    """Make a local prefix absolute once, so status and outputs can never diverge."""
+    if is_local(prefix):
+        local = prefix[len("file://") :] if prefix.startswith("file://") else prefix
+        return os.path.abspath(os.path.expanduser(local)).rstrip("/") or "/"
+    return prefix.rstrip("/")

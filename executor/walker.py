@@ -1,0 +1,60 @@
+"""The one traversal over config trees.
+
+Collecting a step's dependencies, computing its version, recording its config and
+filling in concrete paths are all the same walk: visit every dataclass field, list
+item and dict value, and hand each *marker* (an `InputName`, an `ExecutorStep` used
+as an input, an `OutputName` or a `VersionedValue`) to a callback that returns its
+replacement. Everything else is left as it is. Containers are rebuilt only where
+something inside them changed, so walking a config with no markers is cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
+
+MARKER_TYPES = (InputName, ExecutorStep, OutputName, VersionedValue)
+
+MarkerCallback = Callable[[Any, str], Any]
+
+
+def child_path(path: str, key: str | int) -> str:
+    """Dotted field path of a child: `model.hidden`, `files[0]`, `mix.web`."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
+
+
+def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "") -> Any:
+    """Return `obj` with every marker replaced by `on_marker(marker, field_path)`."""
+    if isinstance(obj, MARKER_TYPES):
+        return on_marker(obj, path)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {}
+        for field in dataclasses.fields(obj):
+            old = getattr(obj, field.name)
+            new = map_markers(old, on_marker, child_path(path, field.name))
+            if new is not old:
+                if not field.init:
+                    raise ValueError(
+                        f"config field {child_path(path, field.name)!r} has init=False but holds "
+                        f"{type(old).__name__}; placeholders can only be used in init fields"
+                    )
+                changes[field.name] = new
+        return dataclasses.replace(obj, **changes) if changes else obj
+    if isinstance(obj, (list, tuple)):
+        items = [map_markers(item, on_marker, child_path(path, i)) for i, item in enumerate(obj)]
+        if all(new is old for new, old in zip(items, obj, strict=True)):
+            return obj
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+            return type(obj)(*items)
+        return type(obj)(items)
+    if isinstance(obj, dict):
+        out = {key: map_markers(value, on_marker, child_path(path, str(key))) for key, value in obj.items()}
+        if all(out[key] is value for key, value in obj.items()):
+            return obj
+        return type(obj)(out) if type(obj) is not dict else out
+    return obj
