@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TextIO
 
 from executor.events import (
@@ -24,6 +25,7 @@ class ConsoleProgress:
         self.stream = stream
         self.done: set[str] = set()
         self.running: set[str] = set()
+        self._lock = threading.Lock()  # events arrive from worker threads
 
     def _print(self, text: str) -> None:
         stream = self.stream or sys.__stdout__
@@ -32,6 +34,10 @@ class ConsoleProgress:
         stream.flush()
 
     def __call__(self, event) -> None:
+        with self._lock:
+            self._handle(event)
+
+    def _handle(self, event) -> None:
         if isinstance(event, StepStarted):
             self.running.add(event.output_path)
             self._print(f"start  {event.name}  (log: {event.log_path})")

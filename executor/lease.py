@@ -85,6 +85,10 @@ class LeaseManager:
         self._held: dict[str, bytes] = {}  # output path -> the bytes we last wrote
         self._lost: set[str] = set()
         self._lock = threading.Lock()
+        # Serialises each read-of-our-bytes + swap: without it the heartbeat thread and a
+        # worker refreshing (or releasing) at the same moment would each swap from the same
+        # old bytes, and the loser would wrongly conclude the lease was taken over.
+        self._swap_lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -121,19 +125,19 @@ class LeaseManager:
 
     def refresh(self, output_path: str) -> bool:
         """Renew our lease now; False (and the lease is lost) if someone took it."""
-        with self._lock:
-            previous = self._held.get(output_path)
-        if previous is None:
-            return False
-        record = LeaseRecord.parse(previous)
-        mine = self._record(time.time(), acquired=record.acquired if record else time.time())
-        if self.store.compare_and_swap(lease_path(output_path), previous, mine):
+        with self._swap_lock:
             with self._lock:
-                if output_path in self._held:
+                previous = self._held.get(output_path)
+            if previous is None:
+                return False
+            record = LeaseRecord.parse(previous)
+            mine = self._record(time.time(), acquired=record.acquired if record else time.time())
+            if self.store.compare_and_swap(lease_path(output_path), previous, mine):
+                with self._lock:
                     self._held[output_path] = mine
-            return True
-        self._mark_lost(output_path)
-        return False
+                return True
+            self._mark_lost(output_path)
+            return False
 
     def holds(self, output_path: str) -> bool:
         with self._lock:
@@ -144,10 +148,11 @@ class LeaseManager:
             return output_path in self._lost
 
     def release(self, output_path: str) -> None:
-        with self._lock:
-            mine = self._held.pop(output_path, None)
-        if mine is not None and not self.store.compare_and_swap(lease_path(output_path), mine, None):
-            logger.warning("lease on %s was no longer ours at release", output_path)
+        with self._swap_lock:
+            with self._lock:
+                mine = self._held.pop(output_path, None)
+            if mine is not None and not self.store.compare_and_swap(lease_path(output_path), mine, None):
+                logger.warning("lease on %s was no longer ours at release", output_path)
 
     def close(self) -> None:
         self._stop.set()
