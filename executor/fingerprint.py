@@ -43,10 +43,10 @@ def _describe(value: Any) -> str:
 
 def encode(value: Any, path: str = "", strict: bool = True) -> Any:
     """`value` as JSON-ready primitives (see the module docstring for the rules)."""
+    if isinstance(value, enum.Enum):  # before str: a StrEnum member is not just its string
+        return f"{type(value).__qualname__}.{value.name}"
     if value is None or isinstance(value, (bool, str)):
         return value
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__qualname__}.{value.name}"
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -59,6 +59,14 @@ def encode(value: Any, path: str = "", strict: bool = True) -> Any:
         return value.as_posix()
     if isinstance(value, bytes):
         return {"__bytes__": value.hex()}
+    if strict and isinstance(value, _marker_types()):
+        # Markers are dataclasses too, so this check must come before the dataclass branch.
+        raise UnencodableValueError(
+            path,
+            value,
+            f"a {type(value).__name__} inside a versioned value; inputs and output paths cannot be "
+            "versioned -- move it to its own config field (inputs count through their producer's version)",
+        )
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {"__type__": type(value).__qualname__}
         for field in dataclasses.fields(value):
@@ -89,20 +97,21 @@ def encode(value: Any, path: str = "", strict: bool = True) -> Any:
     if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
         return encode(value.item(), path, strict)
     if strict:
-        from executor.steps import ExecutorStep, InputName, OutputName
-
-        if isinstance(value, (InputName, ExecutorStep, OutputName)):
-            why = f"a {type(value).__name__} inside a versioned value; move it to its own config field"
-        else:
-            why = (
-                f"value of type {_describe(value)} has no deterministic encoding; version a plain "
-                "value (str, number, list, dict, dataclass, enum, path) instead"
-            )
+        why = (
+            f"value of type {_describe(value)} has no deterministic encoding; version a plain "
+            "value (str, number, list, dict, dataclass, enum, path) instead"
+        )
         raise UnencodableValueError(path, value, why)
     if callable(value) and hasattr(value, "__qualname__"):
         return f"{getattr(value, '__module__', '?')}:{value.__qualname__}"
     text = repr(value)
     return f"<{_describe(value)}>" if " at 0x" in text else text
+
+
+def _marker_types() -> tuple[type, ...]:
+    from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
+
+    return (InputName, ExecutorStep, OutputName, VersionedValue)
 
 
 def _child(path: str, key: str) -> str:

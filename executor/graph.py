@@ -159,6 +159,16 @@ def validate_declaration(step: Any) -> None:
         )
     if not callable(step.fn):
         raise StepDefinitionError(f"step {step.name!r}: fn must be callable, got {type(step.fn).__name__}")
+    override = step.override_output_path
+    if override is not None and (
+        not isinstance(override, str)
+        or not override.strip("/")
+        or ".." in override.split("://", 1)[-1].split("/")
+    ):
+        raise StepDefinitionError(
+            f"step {step.name!r}: override_output_path {override!r} is invalid: give a non-empty path "
+            "without '..' (relative paths are under the prefix)"
+        )
     config = step.config
     if config is not None and not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
         raise StepDefinitionError(
@@ -246,6 +256,14 @@ class _VersionBuilder:
         self.blocking[upstream.output_path] = block
         return len(self.dep_paths) - 1
 
+    def record(self, path: str, value: Any) -> None:
+        if path in self.config_version:
+            raise StepDefinitionError(
+                f"step {self.step.name!r}: two versioned values or inputs map to the field path {path!r} "
+                "(dict keys like 1 and '1', or keys containing '.'); use distinct string keys without '.'"
+            )
+        self.config_version[path] = value
+
     def on_marker(self, marker: Any, path: str) -> Any:
         """Walker callback: record the marker in the version, return its concrete value."""
         if isinstance(marker, ExecutorStep):
@@ -254,21 +272,22 @@ class _VersionBuilder:
             if marker.step is None:
                 if not marker.name:
                     raise StepDefinitionError(f"step {self.step.name!r}, field {path!r}: empty hard-coded path")
-                self.config_version[path] = marker.name
+                self.record(path, marker.name)
                 if is_absolute_path(marker.name):
                     return marker.name
                 return join_path(self.prefix, marker.name)
             upstream = self.resolved[id(marker.step)]
             index = self.dep_index(upstream, marker.block_on_step)
-            self.config_version[path] = f"DEP[{index}]" + (f"/{marker.name}" if marker.name else "")
+            self.record(path, f"DEP[{index}]" + (f"/{marker.name}" if marker.name else ""))
             return join_path(upstream.output_path, marker.name)
         if isinstance(marker, VersionedValue):
             try:
-                self.config_version[path] = encode(marker.value, path)
+                encoded = encode(marker.value, path)
             except UnencodableValueError as error:
                 raise StepDefinitionError(
                     f"step {self.step.name!r}: versioned {error}"
                 ) from None
+            self.record(path, encoded)
             return marker.value
         if isinstance(marker, OutputName):
             return marker  # filled in once the output path is known

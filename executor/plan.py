@@ -37,7 +37,7 @@ READ_PARALLELISM = 16
 """Concurrent status reads: object stores answer one request per round trip."""
 
 
-class Action(str, enum.Enum):
+class Action(enum.StrEnum):
     RUN = "run"
     SKIP = "skip"
     WAIT = "wait"

@@ -48,7 +48,7 @@ DEFAULT_MAX_CONCURRENT = 32
 this are heavy and belong on a remote backend anyway."""
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     SUCCEEDED = "succeeded"
     SKIPPED = "skipped"
     FAILED = "failed"

@@ -31,7 +31,7 @@ LEASE_FILE = ".executor_status.lock"
 LOG_FILE = ".executor_log"
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     RUNNING = "RUNNING"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"

@@ -183,14 +183,6 @@ def test_input_inside_a_versioned_dict_is_refused(tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    reason="BUG: fingerprint.encode checks dataclasses.is_dataclass before its InputName/ExecutorStep/"
-    "OutputName check, and those markers (and VersionedValue) are dataclasses; so the marker check is "
-    "dead code: a step input inside a versioned value fails at the internal path 'x.inp.step.fn' with "
-    "'version a plain value' advice, and a hard-coded InputName or a nested versioned() inside a "
-    "versioned value is silently hashed as a dataclass and handed to fn unresolved/still wrapped",
-    strict=True,
-)
 @pytest.mark.parametrize(
     ("make_value", "field_path", "kind"),
     [
@@ -251,12 +243,6 @@ def test_invalid_step_name(tmp_path, name):
     )
 
 
-@pytest.mark.xfail(
-    reason="BUG: graph.resolve accepts any override_output_path: '' makes the output path the prefix "
-    "itself, '/' makes it the empty string, and a relative '../x' lands outside the prefix although "
-    "relative overrides are documented as 'under the prefix'; each should be a StepDefinitionError",
-    strict=True,
-)
 @pytest.mark.parametrize("override", ["", "/", "../escape"])
 def test_invalid_override_output_path(tmp_path, override):
     bad = ExecutorStep("s", record, Cfg(), override_output_path=override)
