@@ -23,11 +23,11 @@ from executor.lease import LeaseConfig, LeaseManager, new_worker_id
 from executor.plan import Action, Plan, make_plan
 from executor.provenance import (
     caller_script,
-    collect_provenance_async,
+    collect_provenance,
     experiment_info_path,
     write_experiment_info,
 )
-from executor.runner import ExecutorRunError, Runner
+from executor.runner import ExecutorRunError, Outcome, Runner
 from executor.steps import ExecutorStep
 from executor.store import normalize_prefix, open_store
 
@@ -95,7 +95,6 @@ class Executor:
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         script = caller_script()
-        provenance = None if dry_run else collect_provenance_async(script)
         graph = resolve(steps, self.prefix)
         self._record_graph(graph)
         if dry_run:
@@ -133,13 +132,25 @@ class Executor:
             listeners = [self._emit]
             runner = Runner(plan, self.store, leases, self._dispatch(listeners, plan), max_concurrent)
             runner_ref.append(runner)
-            info = provenance.result()
-            write_experiment_info(self.store, self.executor_info_path, graph, info, self.description, started)
+            # Provenance (git, packages) is gathered only when a manifest is written: a fully
+            # cached re-run of an experiment that has one finishes without spawning git.
+            info: dict[str, Any] = {}
+            if any(row.action != Action.SKIP for row in plan.rows):  # record in-progress runs too
+                info = collect_provenance(script)
+                write_experiment_info(self.store, self.executor_info_path, graph, info, self.description, started)
             summary = runner.run()
             outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
-            write_experiment_info(
-                self.store, self.executor_info_path, graph, info, self.description, started, outcomes
-            )
+            nothing_ran = all(outcome == Outcome.SKIPPED for outcome in summary.outcomes.values())
+            if not (nothing_ran and self.store.exists(self.executor_info_path)):
+                write_experiment_info(
+                    self.store,
+                    self.executor_info_path,
+                    graph,
+                    info or collect_provenance(script),
+                    self.description,
+                    started,
+                    outcomes,
+                )
         finally:
             leases.close()
         if summary.failures:

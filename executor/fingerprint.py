@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -43,6 +44,17 @@ def _describe(value: Any) -> str:
 
 def encode(value: Any, path: str = "", strict: bool = True) -> Any:
     """`value` as JSON-ready primitives (see the module docstring for the rules)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # fast path: most leaves
+        return value
+    names = _PLAIN_DATACLASS_FIELDS.get(kind)
+    if names is not None:  # fast path: a dataclass type seen before
+        out = {"__type__": kind.__qualname__}
+        for name in names:
+            out[name] = encode(getattr(value, name), f"{path}.{name}" if path else name, strict)
+        return out
+    if kind is float and math.isfinite(value):
+        return value
     if isinstance(value, enum.Enum):  # before str: a StrEnum member is not just its string
         return f"{type(value).__qualname__}.{value.name}"
     if value is None or isinstance(value, (bool, str)):
@@ -68,8 +80,10 @@ def encode(value: Any, path: str = "", strict: bool = True) -> Any:
             "versioned -- move it to its own config field (inputs count through their producer's version)",
         )
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {"__type__": type(value).__qualname__}
-        for field in dataclasses.fields(value):
+        if not isinstance(value, _marker_types()):
+            _PLAIN_DATACLASS_FIELDS[kind] = tuple(field.name for field in dataclasses.fields(kind))
+        out = {"__type__": kind.__qualname__}
+        for field in dataclasses.fields(kind):
             out[field.name] = encode(getattr(value, field.name), _child(path, field.name), strict)
         return out
     if isinstance(value, (list, tuple)):
@@ -108,6 +122,11 @@ def encode(value: Any, path: str = "", strict: bool = True) -> Any:
     return f"<{_describe(value)}>" if " at 0x" in text else text
 
 
+_PLAIN_DATACLASS_FIELDS: dict[type, tuple[str, ...]] = {}
+"""Field names of dataclass types already encoded (never markers), for the fast path."""
+
+
+@functools.cache
 def _marker_types() -> tuple[type, ...]:
     from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
 
@@ -118,9 +137,13 @@ def _child(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+# One encoder object: json.dumps with non-default options builds a new encoder per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """Compact, key-sorted JSON of already-encoded primitives."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def sha256_hex(text: str) -> str:

@@ -31,7 +31,7 @@ from executor.graph import HASH_LENGTH, ResolvedStep, StepDefinitionError, StepG
 from executor.lease import LeaseManager
 from executor.steps import ExecutorStep
 from executor.store import Store
-from executor.tree import LeaseRecord, Status, StatusEvent, read_info, read_status, utc_now_iso
+from executor.tree import LeaseRecord, Status, StatusEvent, read_info, read_last_status, utc_now_iso
 
 READ_PARALLELISM = 16
 """Concurrent status reads: object stores answer one request per round trip."""
@@ -43,6 +43,9 @@ class Action(enum.StrEnum):
     WAIT = "wait"
     BLOCKED = "blocked"
     ERROR = "error"
+
+
+_WILL_RUN = (Action.RUN, Action.WAIT, Action.BLOCKED)
 
 
 @dataclass(frozen=True)
@@ -121,19 +124,23 @@ def compile_run_only(patterns: Sequence[str] | None) -> list[re.Pattern] | None:
     return compiled
 
 
-def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, list[StatusEvent]]:
-    if len(steps) <= 1:
-        return {step.output_path: read_status(store, step.output_path) for step in steps}
+def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, StatusEvent | None]:
+    # Local reads take microseconds: a thread pool costs more than it saves. Remote reads
+    # take a round trip each, so they go in parallel, in batches to keep task overhead low.
+    if store.local_path("/") is not None or len(steps) <= 1:
+        return {step.output_path: read_last_status(store, step.output_path) for step in steps}
+    batches = [steps[i : i + 64] for i in range(0, len(steps), 64)]
     with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
-        results = pool.map(lambda step: read_status(store, step.output_path), steps)
-        return {step.output_path: events for step, events in zip(steps, results, strict=True)}
+        results = pool.map(lambda batch: [read_last_status(store, step.output_path) for step in batch], batches)
+        flat = [event for batch in results for event in batch]
+    return {step.output_path: event for step, event in zip(steps, flat, strict=True)}
 
 
 def select_steps(
     graph: StepGraph,
     roots: Sequence[ExecutorStep],
     run_only: list[re.Pattern] | None,
-    statuses: dict[str, list[StatusEvent]],
+    statuses: dict[str, StatusEvent | None],
 ) -> list[ResolvedStep]:
     """The steps this run considers, in topological order (see the module docstring)."""
     by_path = graph.by_path
@@ -156,7 +163,7 @@ def select_steps(
         selected.add(path)
         step = by_path[path]
         for dep in step.blocking_deps:
-            done = statuses.get(dep) and statuses[dep][-1].status == Status.SUCCESS
+            done = statuses.get(dep) is not None and statuses[dep].status == Status.SUCCESS
             if expand_succeeded or not done:
                 stack.append(dep)
     return [step for step in graph.steps if step.output_path in selected]
@@ -178,21 +185,21 @@ def make_plan(
     rows: dict[str, PlannedStep] = {}
     now = time.time()
     for step in selected:
-        events = statuses[step.output_path]
-        row = _plan_step(step, events, store, leases, force_run_failed, now)
-        if row.action == Action.RUN and not events:
+        last = statuses[step.output_path]
+        row = _plan_step(step, last, store, leases, force_run_failed, now)
+        if row.action == Action.RUN and last is None:
             previous = siblings.most_recent(step)
             if previous is not None:
                 path, version = previous
                 dep_names = [names.get(p, p) for p in step.dependencies]
                 reasons = diff_versions(version, step.version, dep_names)
                 row = _replace(row, why_new=tuple(reasons), previous_output=path)
-        pending = [
-            dep
-            for dep in step.blocking_deps
-            if dep in rows and rows[dep].action in (Action.RUN, Action.WAIT, Action.BLOCKED)
-        ]
-        if row.action == Action.RUN and pending:
+        pending = (
+            [dep for dep in step.blocking_deps if dep in rows and rows[dep].action in _WILL_RUN]
+            if row.action == Action.RUN
+            else []
+        )
+        if pending:
             verb = "runs elsewhere" if rows[pending[0]].action == Action.WAIT else "will run"
             row = _replace(
                 row, action=Action.BLOCKED, reason=f"{row.reason}; after dependency {names[pending[0]]} {verb}"
@@ -209,15 +216,15 @@ def _replace(row: PlannedStep, **changes) -> PlannedStep:
 
 def _plan_step(
     step: ResolvedStep,
-    events: list[StatusEvent],
+    last: StatusEvent | None,
     store: Store,
     leases: LeaseManager,
     force_run_failed: bool,
     now: float,
 ) -> PlannedStep:
-    status = events[-1].status if events else None
+    status = last.status if last is not None else None
     if status == Status.SUCCESS:
-        return _plan_succeeded(step, events[-1], store)
+        return _plan_succeeded(step, last, store)
     if status == Status.FAILED:
         if force_run_failed:
             return PlannedStep(step, Action.RUN, "failed before; re-running (force_run_failed)", status)
@@ -303,11 +310,11 @@ class _SiblingFinder:
         ]
         best: tuple[str, str, dict] | None = None
         for candidate in candidates:
-            events = read_status(self.store, candidate.path)
+            last = read_last_status(self.store, candidate.path)
             record = read_info(self.store, candidate.path)
             if record is None or "version" not in record:
                 continue
-            stamp = events[-1].date if events else ""
+            stamp = last.date if last is not None else ""
             if best is None or stamp > best[0]:
                 best = (stamp, candidate.path, record["version"])
         return None if best is None else (best[1], best[2])

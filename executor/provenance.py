@@ -5,8 +5,8 @@ under what circumstances it last ran: git commit and dirty state of the script's
 repository, the caller's path and command line, user, host, start time, Python and
 installed package versions. `marin reproduce` and `marin gc` read it.
 
-Collecting package versions and asking git take tens of milliseconds, so
-`collect_provenance` runs in a background thread while the executor plans.
+Asking git takes a few milliseconds, so the executor collects provenance only when
+it writes a manifest (not on a fully cached re-run whose manifest exists).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import platform
 import socket
 import subprocess
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from executor.fingerprint import canonical_json, sha256_hex
@@ -48,24 +47,46 @@ def _git(args: list[str], cwd: str) -> str | None:
 def git_state(path: str | None) -> dict[str, Any]:
     """Commit, branch and dirtiness of the git repository containing `path`."""
     directory = os.path.dirname(path) if path and os.path.isfile(path) else (path or os.getcwd())
-    commit = _git(["rev-parse", "HEAD"], directory)
-    if commit is None:
+    parsed = _git(["rev-parse", "HEAD", "--abbrev-ref", "HEAD", "--show-toplevel"], directory)
+    if parsed is None or len(parsed.splitlines()) != 3:
         return {"commit": None, "dirty": None, "branch": None, "root": None}
+    commit, branch, root = parsed.splitlines()
     status = _git(["status", "--porcelain", "--untracked-files=no"], directory)
-    return {
-        "commit": commit,
-        "dirty": bool(status),
-        "branch": _git(["rev-parse", "--abbrev-ref", "HEAD"], directory),
-        "root": _git(["rev-parse", "--show-toplevel"], directory),
-    }
+    return {"commit": commit, "dirty": bool(status), "branch": branch, "root": root}
 
 
 def package_versions() -> dict[str, str]:
-    versions = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
-        if name:
-            versions[name.lower()] = dist.version
+    """Installed distributions and versions, from the `*.dist-info` directory names.
+
+    Reading the names is ~50x faster than parsing every METADATA file (what
+    `importlib.metadata` does), which matters for a warm re-run that finishes in
+    tens of milliseconds. Falls back to `importlib.metadata` for odd layouts.
+    """
+    versions: dict[str, str] = {}
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".dist-info"):
+                stem = name[: -len(".dist-info")]
+            elif name.endswith(".egg-info"):
+                stem = name[: -len(".egg-info")]
+            else:
+                continue
+            project, _, version = stem.partition("-")
+            if not version:
+                continue
+            key = project.lower().replace("_", "-")
+            versions.setdefault(key, version.split("-")[0])
+    if not versions:
+        for dist in importlib.metadata.distributions():
+            name = dist.metadata.get("Name")
+            if name:
+                versions.setdefault(name.lower(), dist.version)
     return dict(sorted(versions.items()))
 
 
@@ -85,13 +106,6 @@ def collect_provenance(script: str | None) -> dict[str, Any]:
         "platform": platform.platform(),
         "packages": package_versions(),
     }
-
-
-def collect_provenance_async(script: str | None) -> Future:
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="provenance")
-    future = pool.submit(collect_provenance, script)
-    pool.shutdown(wait=False)
-    return future
 
 
 def experiment_hash(graph: StepGraph) -> str:
@@ -131,4 +145,5 @@ def write_experiment_info(
             for step in graph.steps
         ],
     }
-    store.write_atomic(path, json.dumps(record, indent=2) + "\n")
+    # Compact: the C encoder is ~3x faster than an indented dump on large experiments.
+    store.write_atomic(path, json.dumps(record, separators=(",", ":")) + "\n")

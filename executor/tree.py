@@ -38,6 +38,9 @@ class Status(enum.StrEnum):
     DEP_FAILED = "DEP_FAILED"
 
 
+_STATUS_BY_NAME = {status.value: status for status in Status}
+
+
 def info_path(output_path: str) -> str:
     return join_path(output_path, INFO_FILE)
 
@@ -77,12 +80,12 @@ class StatusEvent:
     @staticmethod
     def from_json(line: str) -> StatusEvent:
         record = json.loads(line)
-        known = {key: record.pop(key, None) for key in ("date", "status", "message", "worker")}
+        pop = record.pop
         return StatusEvent(
-            date=known["date"] or "",
-            status=Status(known["status"]),
-            message=known["message"],
-            worker=known["worker"],
+            date=pop("date", None) or "",
+            status=_STATUS_BY_NAME[pop("status")],
+            message=pop("message", None),
+            worker=pop("worker", None),
             extra=record,
         )
 
@@ -106,6 +109,23 @@ def parse_status(text: str | None) -> list[StatusEvent]:
         else:
             events.append(StatusEvent(date="", status=Status(line)))
     return events
+
+
+def parse_last_status(text: str | None) -> StatusEvent | None:
+    """Only the current status: parses one line, for planning over thousands of steps."""
+    if not text:
+        return None
+    stripped = text.rstrip()
+    if not stripped:
+        return None
+    line = stripped[stripped.rfind("\n") + 1 :].strip()
+    if line.startswith("{"):
+        return StatusEvent.from_json(line)
+    return StatusEvent(date="", status=Status(line))
+
+
+def read_last_status(store: Store, output_path: str) -> StatusEvent | None:
+    return parse_last_status(store.read_text(status_path(output_path)))
 
 
 def read_status(store: Store, output_path: str) -> list[StatusEvent]:
