@@ -30,7 +30,9 @@ class ConsoleProgress:
     def _print(self, text: str) -> None:
         stream = self.stream or sys.__stdout__
         left = self.total - len(self.done) - len(self.running)
-        stream.write(f"[{len(self.done)}/{self.total} done, {len(self.running)} running, {left} left] {text}\n")
+        stream.write(
+            f"[{len(self.done)}/{self.total} done, {len(self.running)} running, {left} left] {text}\n"
+        )
         stream.flush()
 
     def __call__(self, event) -> None:

@@ -50,7 +50,9 @@ class Executor:
         if not prefix:
             raise ValueError("Executor: prefix is empty; pass --prefix or set MARIN_PREFIX")
         self.prefix = normalize_prefix(prefix)
-        self.executor_info_base_path = normalize_prefix(executor_info_base_path or f"{self.prefix}/experiments")
+        self.executor_info_base_path = normalize_prefix(
+            executor_info_base_path or f"{self.prefix}/experiments"
+        )
         self.description = description
         self.lease_config = lease_config or LeaseConfig()
         self.listeners = list(listeners)
@@ -137,7 +139,9 @@ class Executor:
             info: dict[str, Any] = {}
             if any(row.action != Action.SKIP for row in plan.rows):  # record in-progress runs too
                 info = collect_provenance(script)
-                write_experiment_info(self.store, self.executor_info_path, graph, info, self.description, started)
+                write_experiment_info(
+                    self.store, self.executor_info_path, graph, info, self.description, started
+                )
             summary = runner.run()
             outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
             nothing_ran = all(outcome == Outcome.SKIPPED for outcome in summary.outcomes.values())

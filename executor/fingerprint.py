@@ -65,7 +65,9 @@ def encode(value: Any, path: str = "", strict: bool = True) -> Any:
         if math.isfinite(value):
             return float(value)
         if strict:
-            raise UnencodableValueError(path, value, f"{value} has no canonical encoding; use a finite number")
+            raise UnencodableValueError(
+                path, value, f"{value} has no canonical encoding; use a finite number"
+            )
         return str(value)
     if isinstance(value, PurePath):
         return value.as_posix()
@@ -101,11 +103,15 @@ def encode(value: Any, path: str = "", strict: bool = True) -> Any:
             else:
                 if strict:
                     raise UnencodableValueError(
-                        path, value, f"dict key {key!r} of type {_describe(key)} cannot be encoded; use str keys"
+                        path,
+                        value,
+                        f"dict key {key!r} of type {_describe(key)} cannot be encoded; use str keys",
                     )
                 text = repr(key)
             if text in out:
-                raise UnencodableValueError(path, value, f"dict keys collide after encoding as strings: {text!r}")
+                raise UnencodableValueError(
+                    path, value, f"dict keys collide after encoding as strings: {text!r}"
+                )
             out[text] = encode(item, _child(path, text), strict)
         return out
     if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:

@@ -271,7 +271,9 @@ class _VersionBuilder:
         if isinstance(marker, InputName):
             if marker.step is None:
                 if not marker.name:
-                    raise StepDefinitionError(f"step {self.step.name!r}, field {path!r}: empty hard-coded path")
+                    raise StepDefinitionError(
+                        f"step {self.step.name!r}, field {path!r}: empty hard-coded path"
+                    )
                 self.record(path, marker.name)
                 if is_absolute_path(marker.name):
                     return marker.name
@@ -284,9 +286,7 @@ class _VersionBuilder:
             try:
                 encoded = encode(marker.value, path)
             except UnencodableValueError as error:
-                raise StepDefinitionError(
-                    f"step {self.step.name!r}: versioned {error}"
-                ) from None
+                raise StepDefinitionError(f"step {self.step.name!r}: versioned {error}") from None
             self.record(path, encoded)
             return marker.value
         if isinstance(marker, OutputName):
@@ -297,7 +297,9 @@ class _VersionBuilder:
 def _fill_output_paths(config: Any, output_path: str) -> Any:
     return map_markers(
         config,
-        lambda marker, _path: join_path(output_path, marker.name) if isinstance(marker, OutputName) else marker,
+        lambda marker, _path: (
+            join_path(output_path, marker.name) if isinstance(marker, OutputName) else marker
+        ),
     )
 
 
@@ -343,7 +345,9 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
             continue
         resolved[id(step)] = by_path[output_path] = candidate
         unique.append(candidate)
-    return StepGraph(prefix=prefix, steps=tuple(unique), by_declaration=resolved, declarations=tuple(declarations))
+    return StepGraph(
+        prefix=prefix, steps=tuple(unique), by_declaration=resolved, declarations=tuple(declarations)
+    )
 
 
 def _check_interchangeable(kept: ResolvedStep, other: ResolvedStep) -> None:
@@ -356,7 +360,9 @@ def _check_interchangeable(kept: ResolvedStep, other: ResolvedStep) -> None:
     if kept.config_digest != other.config_digest:
         from executor.diffing import diff_flat, flatten
 
-        changed = [entry.field for entry in diff_flat(flatten(kept.config_record), flatten(other.config_record))]
+        changed = [
+            entry.field for entry in diff_flat(flatten(kept.config_record), flatten(other.config_record))
+        ]
         problems.append("different unversioned config fields: " + ", ".join(changed))
     if problems:
         raise StepDefinitionError(

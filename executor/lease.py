@@ -97,7 +97,9 @@ class LeaseManager:
         return LeaseRecord.parse(self.store.read_bytes(lease_path(output_path)))
 
     def is_stale(self, record: LeaseRecord | None, now: float | None = None) -> bool:
-        return record is None or (time.time() if now is None else now) - record.heartbeat > self.config.timeout
+        return (
+            record is None or (time.time() if now is None else now) - record.heartbeat > self.config.timeout
+        )
 
     def try_acquire(self, output_path: str) -> AcquireResult:
         path = lease_path(output_path)
@@ -162,7 +164,11 @@ class LeaseManager:
     # -- internals ------------------------------------------------------------
     def _record(self, now: float, acquired: float) -> bytes:
         return LeaseRecord(
-            worker=self.worker_id, heartbeat=now, acquired=acquired, host=socket.gethostname(), pid=os.getpid()
+            worker=self.worker_id,
+            heartbeat=now,
+            acquired=acquired,
+            host=socket.gethostname(),
+            pid=os.getpid(),
         ).to_bytes()
 
     def _mark_lost(self, output_path: str) -> None:
@@ -176,7 +182,9 @@ class LeaseManager:
     def _ensure_thread(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._heartbeat_loop, name="lease-heartbeat", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._heartbeat_loop, name="lease-heartbeat", daemon=True
+                )
                 self._thread.start()
 
     def _heartbeat_loop(self) -> None:

@@ -131,7 +131,9 @@ def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, Sta
         return {step.output_path: read_last_status(store, step.output_path) for step in steps}
     batches = [steps[i : i + 64] for i in range(0, len(steps), 64)]
     with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
-        results = pool.map(lambda batch: [read_last_status(store, step.output_path) for step in batch], batches)
+        results = pool.map(
+            lambda batch: [read_last_status(store, step.output_path) for step in batch], batches
+        )
         flat = [event for batch in results for event in batch]
     return {step.output_path: event for step, event in zip(steps, flat, strict=True)}
 
@@ -202,7 +204,9 @@ def make_plan(
         if pending:
             verb = "runs elsewhere" if rows[pending[0]].action == Action.WAIT else "will run"
             row = _replace(
-                row, action=Action.BLOCKED, reason=f"{row.reason}; after dependency {names[pending[0]]} {verb}"
+                row,
+                action=Action.BLOCKED,
+                reason=f"{row.reason}; after dependency {names[pending[0]]} {verb}",
             )
         rows[step.output_path] = row
     return Plan(rows=tuple(rows[s.output_path] for s in selected), graph=graph)

@@ -125,7 +125,9 @@ class Runner:
                 self.emit(StepSkipped(row.name, row.output_path, reason=row.reason))
             else:
                 todo[row.output_path] = row
-        blockers = {path: {dep for dep in row.step.blocking_deps if dep in todo} for path, row in todo.items()}
+        blockers = {
+            path: {dep for dep in row.step.blocking_deps if dep in todo} for path, row in todo.items()
+        }
         dependents: dict[str, list[str]] = {path: [] for path in todo}
         for path, deps in blockers.items():
             for dep in deps:
@@ -231,7 +233,9 @@ class Runner:
                 return Outcome.SKIPPED, reason
             if announced and status == Status.FAILED:
                 error = f"failed in another driver ({announced}): {events[-1].message}"
-                self.emit(StepFailed(row.name, path, kind="failed_elsewhere", error=error, log_path=log_path(path)))
+                self.emit(
+                    StepFailed(row.name, path, kind="failed_elsewhere", error=error, log_path=log_path(path))
+                )
                 return Outcome.FAILED_ELSEWHERE, error
             attempt = self.leases.try_acquire(path)
             if attempt.acquired:

@@ -73,7 +73,12 @@ class StatusEvent:
     """Other recorded facts (e.g. `config_digest` on SUCCESS, `duration_s`)."""
 
     def to_json(self) -> str:
-        record = {"date": self.date, "status": self.status.value, "message": self.message, "worker": self.worker}
+        record = {
+            "date": self.date,
+            "status": self.status.value,
+            "message": self.message,
+            "worker": self.worker,
+        }
         record.update(self.extra)
         return json.dumps(record, sort_keys=True)
 
