@@ -1,0 +1,272 @@
+"""Document shards: the on-disk format every data operation reads and writes, and the
+per-shard parallel map they all run on.
+
+A *document* is one JSON object per line with the fields
+
+    {"id": str, "text": str, "source": str, "metadata": {...}}
+
+and a *shard* is one file of documents: `shard-00000.jsonl.gz` (or `.jsonl.zst`,
+`.jsonl`). Operations stream shards (memory bounded by one document at a time, or one
+shard where an operation must hold it), and `map_shards` runs a plain per-shard
+function over them:
+
+- in parallel worker processes (`workers`, default: one per core); the function is a
+  top-level callable taking `(input_shard, output_shard)` and returning a dict of
+  counters, so a Ray backend can later fan the same function out;
+- atomically: each output shard is written under a temporary name and renamed, and its
+  counters are saved next to it (`.shard_stats/<shard>.json`) only after the rename;
+- resumably: a shard whose output and counters both exist is not processed again, so a
+  crashed step re-run picks up where it stopped;
+- deterministically: output shard i depends only on input shard i, gzip headers carry
+  no timestamp or file name, and JSON is written with fixed separators, so identical
+  input gives byte-identical output.
+
+`write_stats` then sums the counters into `stats.json` in the output directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import IO, Any
+
+import fsspec
+
+SHARD_SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl")
+STATS_FILE = "stats.json"
+SHARD_STATS_DIR = ".shard_stats"
+
+
+def shard_name(index: int, suffix: str = ".jsonl.gz") -> str:
+    return f"shard-{index:05d}{suffix}"
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(part.strip("/") for part in parts)])
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+def list_shards(path: str) -> list[str]:
+    """Document shards directly under `path` (sorted), or `[path]` if it is one shard."""
+    if path.endswith(SHARD_SUFFIXES):
+        return [path]
+    fs, root = fsspec.core.url_to_fs(path)
+    try:
+        names = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such directory of document shards: {path}") from None
+    shards = sorted(
+        (name if is_local(path) else fs.unstrip_protocol(name))
+        for name in names
+        if name.rstrip("/").rsplit("/", 1)[-1].endswith(SHARD_SUFFIXES)
+        and not name.rsplit("/", 1)[-1].startswith(".")
+    )
+    if not shards:
+        raise FileNotFoundError(f"no document shards ({', '.join(SHARD_SUFFIXES)}) under {path}")
+    return shards
+
+
+def _compression(path: str) -> str | None:
+    if path.endswith(".gz"):
+        return "gzip"
+    if path.endswith(".zst"):
+        return "zstd"
+    return None
+
+
+def read_documents(path: str) -> Iterator[dict[str, Any]]:
+    """Stream the documents of one shard."""
+    with fsspec.open(path, "rt", compression=_compression(path), encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not a JSON document ({error})") from None
+
+
+def iter_documents(path: str) -> Iterator[dict[str, Any]]:
+    """Stream the documents of every shard under `path`, in shard order."""
+    for shard in list_shards(path):
+        yield from read_documents(shard)
+
+
+def dumps_document(document: dict[str, Any]) -> str:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str) -> Iterator[IO[bytes]]:
+    """A binary file handle that appears under `path` only when closed without error."""
+    if is_local(path):
+        target = _local(path)
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        temp = os.path.join(os.path.dirname(target), f".tmp-{uuid.uuid4().hex}-{os.path.basename(target)}")
+        try:
+            with open(temp, "wb") as handle:
+                yield handle
+            os.replace(temp, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+    else:
+        # Object stores publish an object whole when the upload completes; a failed
+        # upload leaves nothing under the final name.
+        buffer = io.BytesIO()
+        yield buffer
+        with fsspec.open(path, "wb") as handle:
+            handle.write(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _compressed(raw: IO[bytes], path: str) -> Iterator[IO[bytes]]:
+    compression = _compression(path)
+    if compression == "gzip":
+        # mtime=0 and no file name: byte-identical output for identical input.
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as handle:
+            yield handle
+    elif compression == "zstd":
+        import zstandard
+
+        with zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False) as handle:
+            yield handle
+    else:
+        yield raw
+
+
+@contextlib.contextmanager
+def document_writer(path: str) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """`with document_writer(p) as write: write(doc)` -- an atomic, compressed shard."""
+    with atomic_output(path) as raw, _compressed(raw, path) as handle:
+
+        def write(document: dict[str, Any]) -> None:
+            handle.write((dumps_document(document) + "\n").encode("utf-8"))
+
+        yield write
+
+
+def write_documents(path: str, documents: Iterable[dict[str, Any]]) -> int:
+    count = 0
+    with document_writer(path) as write:
+        for document in documents:
+            write(document)
+            count += 1
+    return count
+
+
+def write_json_atomic(path: str, value: Any) -> None:
+    with atomic_output(path) as handle:
+        handle.write((json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def read_json(path: str) -> Any | None:
+    try:
+        with fsspec.open(path, "rt", encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return None
+
+
+ShardFunction = Callable[[str, str], dict[str, Any]]
+
+
+def _shard_stats_path(output_dir: str, output_shard: str) -> str:
+    return join(output_dir, SHARD_STATS_DIR, output_shard.rsplit("/", 1)[-1] + ".json")
+
+
+def _run_one(fn: ShardFunction, input_shard: str, output_shard: str, stats_path: str) -> dict[str, Any]:
+    stats = fn(input_shard, output_shard)
+    write_json_atomic(stats_path, stats)
+    return stats
+
+
+def map_shards(
+    fn: ShardFunction,
+    inputs: list[str],
+    output_dir: str,
+    *,
+    workers: int | None = None,
+    description: str = "shards",
+    output_suffix: str = ".jsonl.gz",
+) -> list[dict[str, Any]]:
+    """Run `fn(input_shard, output_shard)` for every input shard; returns each shard's counters.
+
+    Output shard i is `<output_dir>/shard-0000i<suffix>`. Shards already done (output and
+    counters present) are skipped; `fn` must write its output shard atomically (use
+    `document_writer`).
+    """
+    from tqdm.auto import tqdm
+
+    jobs = []
+    results: dict[int, dict[str, Any]] = {}
+    for index, input_shard in enumerate(inputs):
+        output_shard = join(output_dir, shard_name(index, output_suffix))
+        stats_path = _shard_stats_path(output_dir, output_shard)
+        done = read_json(stats_path)
+        if done is not None and _exists(output_shard):
+            results[index] = done
+        else:
+            jobs.append((index, input_shard, output_shard, stats_path))
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+    progress = tqdm(total=len(inputs), initial=len(results), desc=description, unit="shard", leave=False)
+    try:
+        if workers == 1 or len(jobs) <= 1:
+            for index, input_shard, output_shard, stats_path in jobs:
+                results[index] = _run_one(fn, input_shard, output_shard, stats_path)
+                progress.update()
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = {
+                    pool.submit(_run_one, fn, input_shard, output_shard, stats_path): index
+                    for index, input_shard, output_shard, stats_path in jobs
+                }
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    progress.update()
+    finally:
+        progress.close()
+    return [results[index] for index in range(len(inputs))]
+
+
+def _exists(path: str) -> bool:
+    if is_local(path):
+        return os.path.exists(_local(path))
+    fs, root = fsspec.core.url_to_fs(path)
+    return fs.exists(root)
+
+
+def sum_counters(per_shard: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Add up numeric counters (nested dicts too) across shards."""
+    total: dict[str, Any] = {}
+    for stats in per_shard:
+        _add_into(total, stats)
+    return total
+
+
+def _add_into(total: dict[str, Any], stats: dict[str, Any]) -> None:
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            _add_into(total.setdefault(key, {}), value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
+        elif isinstance(value, list):
+            total.setdefault(key, []).extend(value)
+
+
+def write_stats(output_dir: str, stats: dict[str, Any]) -> None:
+    """Write `stats.json` (atomically) into an operation's output directory."""
+    write_json_atomic(join(output_dir, STATS_FILE), stats)
