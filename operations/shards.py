@@ -136,8 +136,9 @@ def atomic_output(path: str) -> Iterator[IO[bytes]]:
 def _compressed(raw: IO[bytes], path: str) -> Iterator[IO[bytes]]:
     compression = _compression(path)
     if compression == "gzip":
-        # mtime=0 and no file name: byte-identical output for identical input.
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as handle:
+        # mtime=0 and no file name: byte-identical output for identical input. Level 3: level 6
+        # spent ~85% of a filter pass compressing, for ~10% smaller files.
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=3) as handle:
             yield handle
     elif compression == "zstd":
         import zstandard
@@ -154,7 +155,14 @@ def document_writer(path: str) -> Iterator[Callable[[dict[str, Any]], None]]:
     with atomic_output(path) as raw, _compressed(raw, path) as handle:
 
         def write(document: dict[str, Any]) -> None:
-            handle.write((dumps_document(document) + "\n").encode("utf-8"))
+            line = dumps_document(document)
+            try:
+                data = line.encode("utf-8")
+            except UnicodeEncodeError:
+                # A lone surrogate ("\ud800") is valid JSON but not UTF-8: escape it instead
+                # of crashing; the line reads back to the same document.
+                data = json.dumps(document, ensure_ascii=True, separators=(",", ":"), sort_keys=True).encode()
+            handle.write(data + b"\n")
 
         yield write
 
