@@ -77,11 +77,13 @@ class Store:
 
     def list_dir(self, path: str) -> list[FileInfo]:
         """Direct children of `path`; empty when it does not exist."""
+        # Listings must be fresh: another driver may have written since (s3fs caches them).
+        self.fs.invalidate_cache(self._fs_path(path))
         try:
             entries = self.fs.ls(self._fs_path(path), detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        base = self._fs_path(path).rstrip("/")
+        base = self.fs._strip_protocol(self._fs_path(path)).rstrip("/")
         out = []
         for entry in entries:
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
@@ -106,8 +108,8 @@ class Store:
         self.fs.makedirs(self._fs_path(path), exist_ok=True)
 
     def write_atomic(self, path: str, data: bytes | str) -> None:
-        parent = path.rsplit("/", 1)[0]
-        self.makedirs(parent)
+        # No makedirs: object stores have no directories (s3fs would create a marker
+        # object), and fsspec's memory filesystem creates parents itself.
         with self.fs.open(self._fs_path(path), "wb") as handle:
             handle.write(_to_bytes(data))
 

@@ -6,6 +6,9 @@ import pytest
 
 from executor import LeaseConfig
 
+# Test servers (S3 via SeaweedFS, HTTP, a fake HF hub) started once per session on 127.0.0.1.
+pytest_plugins = ["tests.operations.servers"]
+
 FAST_LEASES = LeaseConfig(heartbeat_interval=0.1, timeout=1.0, poll_interval=0.05)
 
 

@@ -1,0 +1,142 @@
+"""Default step builders: one call per pipeline stage, with conventional names and versioning.
+
+    raw = default_download("stdlib", python_stdlib_dir(), include=("**/*.py",))
+    docs = default_documents("stdlib", raw)
+    clean = default_filter("stdlib", docs, default_code_rules())
+    unique = default_dedup("stdlib", clean)
+    tok = default_train_tokenizer("stdlib-8k", unique, vocab_size=8192)
+    tokenized = default_tokenize("stdlib", unique, tok)
+
+Step names follow the output tree's top-level folders: `raw/`, `documents/`, `filtered/`,
+`dedup/`, `tokenizers/`, `tokenized/`. Every setting that changes a step's output is
+`versioned()` here (so changing it re-runs that step and its dependents, and the plan
+says why); settings that only change how the work is done (worker counts) are not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from executor import ExecutorStep, InputName, this_output_path, versioned
+from marin.corpora import STDLIB_EXCLUDE, STDLIB_INCLUDE, python_stdlib_dir, stdlib_corpus_name
+from operations.dedup import DedupConfig, deduplicate
+from operations.documents import DocumentsConfig, make_documents
+from operations.download import DownloadConfig, download
+from operations.filter import FilterConfig, RuleConfig, filter_documents
+
+StepInput = ExecutorStep | InputName
+
+
+def default_download(
+    name: str,
+    source: str,
+    *,
+    include: Sequence[str] = ("**",),
+    exclude: Sequence[str] = (),
+    max_files: int | None = None,
+    revision: str | None = None,
+    version_source: bool = True,
+    storage_options: dict[str, Any] | None = None,
+) -> ExecutorStep:
+    """`raw/<name>`: a copy of `source` (local path, glob, http(s), s3, gs or hf URL).
+
+    `version_source=False` leaves the location out of the version, for sources whose path
+    differs between machines but whose content is identified by `name` (the embedded
+    stdlib corpus is one: its name carries the Python version).
+    """
+    return ExecutorStep(
+        name=f"raw/{name}",
+        fn=download,
+        config=DownloadConfig(
+            source=versioned(source) if version_source else source,
+            output_path=this_output_path(),
+            include=versioned(tuple(include)),
+            exclude=versioned(tuple(exclude)),
+            max_files=versioned(max_files),
+            revision=versioned(revision),
+            storage_options=dict(storage_options or {}),
+        ),
+        description=f"Download {source}",
+    )
+
+
+def stdlib_download(max_files: int | None = None) -> ExecutorStep:
+    """`raw/python<version>-stdlib`: the running Python's standard library (the embedded corpus)."""
+    return default_download(
+        stdlib_corpus_name(),
+        python_stdlib_dir(),
+        include=STDLIB_INCLUDE,
+        exclude=STDLIB_EXCLUDE,
+        max_files=max_files,
+        version_source=False,
+    )
+
+
+def default_documents(
+    name: str,
+    raw: StepInput,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    text_field: str = "text",
+    target_shard_bytes: int = 8_000_000,
+    max_error_fraction: float = 0.1,
+) -> ExecutorStep:
+    """`documents/<name>`: raw files -> document shards."""
+    return ExecutorStep(
+        name=f"documents/{name}",
+        fn=make_documents,
+        config=DocumentsConfig(
+            input_path=raw,
+            output_path=this_output_path(),
+            source=versioned(name),
+            text_field=versioned(text_field),
+            include=versioned(tuple(include)),
+            exclude=versioned(tuple(exclude)),
+            target_shard_bytes=versioned(target_shard_bytes),
+            max_error_fraction=versioned(max_error_fraction),
+        ),
+        description=f"Turn raw/{name} into document shards",
+    )
+
+
+def default_filter(name: str, documents: StepInput, rules: Sequence[RuleConfig]) -> ExecutorStep:
+    """`filtered/<name>`: documents kept by every rule (stats per rule in stats.json)."""
+    return ExecutorStep(
+        name=f"filtered/{name}",
+        fn=filter_documents,
+        config=FilterConfig(
+            input_path=documents, output_path=this_output_path(), rules=versioned(tuple(rules))
+        ),
+        description="Heuristic quality filters: " + ", ".join(type(rule).__name__ for rule in rules),
+    )
+
+
+def default_dedup(
+    name: str,
+    documents: StepInput,
+    *,
+    mode: str = "both",
+    ngram_size: int = 5,
+    num_bands: int = 20,
+    rows_per_band: int = 10,
+    threshold: float = 0.8,
+    ngram_unit: str = "word",
+) -> ExecutorStep:
+    """`dedup/<name>`: exact and/or MinHash near-duplicate removal, one document kept per cluster."""
+    return ExecutorStep(
+        name=f"dedup/{name}",
+        fn=deduplicate,
+        config=DedupConfig(
+            input_path=documents,
+            output_path=this_output_path(),
+            mode=versioned(mode),
+            ngram_unit=versioned(ngram_unit),
+            ngram_size=versioned(ngram_size),
+            num_bands=versioned(num_bands),
+            rows_per_band=versioned(rows_per_band),
+            threshold=versioned(threshold),
+        ),
+        description=f"Deduplicate ({mode})",
+    )
