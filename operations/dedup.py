@@ -136,7 +136,10 @@ class DedupConfig:
     workers: int | None = None
     """Parallel worker processes for the per-shard passes (default: one per core)."""
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field. Called by `deduplicate`, not at construction:
+        an experiment builds configs holding `versioned(...)` wrappers, checked once filled in."""
+
         def bad(field: str, problem: str) -> ValueError:
             return ValueError(f"DedupConfig.{field}: {problem}")
 
@@ -635,6 +638,7 @@ def _parameters(config: DedupConfig) -> dict[str, Any]:
 
 def deduplicate(config: DedupConfig) -> None:
     """Remove exact and/or near-duplicate documents; keep the first of each cluster."""
+    config.validate()
     inputs = list_shards(config.input_path)
     work = join(config.output_path, WORK_DIR)
     parameters = _parameters(config)

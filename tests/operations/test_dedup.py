@@ -265,9 +265,10 @@ def test_rerunning_into_the_same_output_with_other_parameters_is_refused(corpus,
 @pytest.mark.parametrize(
     "field, value", [("mode", "fuzzy"), ("ngram_unit", "token"), ("ngram_size", 0), ("threshold", 1.5)]
 )
-def test_bad_config_values_are_rejected(field, value):
+def test_bad_config_values_are_rejected(field, value, tmp_path):
     with pytest.raises(ValueError, match=f"DedupConfig.{field}"):
-        DedupConfig(input_path="in", output_path="out", **{field: value})
+        deduplicate(DedupConfig(input_path=str(tmp_path), output_path=str(tmp_path / "out"), **{field: value}))
+    assert not (tmp_path / "out").exists()
 
 
 def test_normalisation_ignores_case_and_whitespace_and_optionally_punctuation():
