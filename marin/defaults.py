@@ -24,6 +24,8 @@ from operations.dedup import DedupConfig, deduplicate
 from operations.documents import DocumentsConfig, make_documents
 from operations.download import DownloadConfig, download
 from operations.filter import FilterConfig, RuleConfig, filter_documents
+from operations.tokenize import TokenizeConfig, tokenize
+from operations.tokenizer import TrainTokenizerConfig, train_tokenizer
 
 StepInput = ExecutorStep | InputName
 
@@ -139,4 +141,61 @@ def default_dedup(
             threshold=versioned(threshold),
         ),
         description=f"Deduplicate ({mode})",
+    )
+
+
+def default_train_tokenizer(
+    name: str,
+    documents: StepInput,
+    *,
+    vocab_size: int = 8192,
+    min_frequency: int = 2,
+    max_documents: int | None = None,
+    heldout_fraction: float = 0.05,
+    text_field: str = "text",
+    seed: int = 0,
+) -> ExecutorStep:
+    """`tokenizers/<name>`: a byte-level BPE tokenizer trained on `documents` (AutoTokenizer-loadable)."""
+    return ExecutorStep(
+        name=f"tokenizers/{name}",
+        fn=train_tokenizer,
+        config=TrainTokenizerConfig(
+            output_path=this_output_path(),
+            input_path=documents,
+            vocab_size=versioned(vocab_size),
+            min_frequency=versioned(min_frequency),
+            max_documents=versioned(max_documents),
+            heldout_fraction=versioned(heldout_fraction),
+            text_field=versioned(text_field),
+            seed=versioned(seed),
+        ),
+        description=f"Train a {vocab_size}-token byte-level BPE tokenizer",
+    )
+
+
+def default_tokenize(
+    name: str,
+    documents: StepInput,
+    tokenizer: StepInput | str,
+    *,
+    validation_fraction: float = 0.05,
+    text_field: str = "text",
+    seed: int = 0,
+) -> ExecutorStep:
+    """`tokenized/<name>`: a Levanter token cache with train/ and validation/ splits.
+
+    `tokenizer` is a tokenizer step (or its output) or a tokenizer directory / hub name.
+    """
+    return ExecutorStep(
+        name=f"tokenized/{name}",
+        fn=tokenize,
+        config=TokenizeConfig(
+            input_path=documents,
+            tokenizer=tokenizer if not isinstance(tokenizer, str) else versioned(tokenizer),
+            output_path=this_output_path(),
+            validation_fraction=versioned(validation_fraction),
+            text_field=versioned(text_field),
+            seed=versioned(seed),
+        ),
+        description="Tokenize into a Levanter cache",
     )

@@ -30,7 +30,9 @@ import contextlib
 import gzip
 import io
 import json
+import multiprocessing
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -237,7 +239,10 @@ def map_shards(
                 results[index] = _run_one(fn, input_shard, output_shard, stats_path)
                 progress.update()
         else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
+            # fork is fastest, but forking a process that has loaded JAX (a tokenize or train
+            # step earlier in the same driver) can deadlock: use a fork server then.
+            context = multiprocessing.get_context("forkserver") if "jax" in sys.modules else None
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
                 futures = {
                     pool.submit(_run_one, fn, input_shard, output_shard, stats_path): index
                     for index, input_shard, output_shard, stats_path in jobs

@@ -267,7 +267,9 @@ def test_rerunning_into_the_same_output_with_other_parameters_is_refused(corpus,
 )
 def test_bad_config_values_are_rejected(field, value, tmp_path):
     with pytest.raises(ValueError, match=f"DedupConfig.{field}"):
-        deduplicate(DedupConfig(input_path=str(tmp_path), output_path=str(tmp_path / "out"), **{field: value}))
+        deduplicate(
+            DedupConfig(input_path=str(tmp_path), output_path=str(tmp_path / "out"), **{field: value})
+        )
     assert not (tmp_path / "out").exists()
 
 

@@ -1,0 +1,224 @@
+"""operations.tokenize: deterministic train/validation split, then Levanter token caches.
+
+The split tests run without Levanter. The end-to-end tests build real Levanter caches
+(slow: importing Levanter and JAX; the Ray-builder test also starts a local Ray) and read
+them back through Levanter's own LM data config, as the training step will.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from operations.shards import iter_documents, list_shards, shard_name, write_documents
+from operations.tokenize import TokenizeConfig, cache_finished, lm_data_config, split_documents, tokenize
+from operations.tokenizer import TrainTokenizerConfig, in_validation, split_key, train_tokenizer
+from tests.operations.test_tokenizer import make_corpus
+
+
+def split_ids(output_path, split):
+    return [doc["id"] for doc in iter_documents(os.path.join(output_path, "documents", split))]
+
+
+def test_split_depends_only_on_id_fraction_and_seed():
+    ids = [f"doc-{index}" for index in range(20_000)]
+    chosen = {i for i in ids if in_validation(i, 0.05)}
+    assert chosen == {i for i in ids if in_validation(i, 0.05)}
+    assert 0.04 < len(chosen) / len(ids) < 0.06
+    # A larger fraction keeps every document a smaller one chose; another seed picks others.
+    assert chosen <= {i for i in ids if in_validation(i, 0.2)}
+    assert chosen != {i for i in ids if in_validation(i, 0.05, seed=1)}
+
+
+def test_every_document_lands_in_exactly_one_split_and_reruns_are_byte_identical(tmp_path):
+    documents = make_corpus(str(tmp_path / "docs"), documents=200, shards=4)
+    config = TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "a"), validation_fraction=0.1)
+    per_shard = split_documents(config)
+
+    validation = split_ids(config.output_path, "validation")
+    train = split_ids(config.output_path, "train")
+    assert sorted(train + validation) == sorted(doc["id"] for doc in documents)
+    assert set(validation) == {doc["id"] for doc in documents if in_validation(doc["id"], 0.1)}
+    assert sum(shard["validation"]["documents"] for shard in per_shard) == len(validation)
+
+    split_documents(
+        TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "b"), validation_fraction=0.1)
+    )
+    for split in ("train", "validation"):
+        for shard_a in list_shards(str(tmp_path / "a" / "documents" / split)):
+            shard_b = shard_a.replace(str(tmp_path / "a"), str(tmp_path / "b"))
+            assert pathlib.Path(shard_a).read_bytes() == pathlib.Path(shard_b).read_bytes()
+
+
+def test_tiny_corpus_still_gets_one_validation_document(tmp_path):
+    documents = make_corpus(str(tmp_path / "docs"), documents=5, shards=2)
+    ids = [doc["id"] for doc in documents]
+    assert not any(in_validation(i, 0.001) for i in ids)
+    config = TokenizeConfig(
+        str(tmp_path / "docs"), "unused", str(tmp_path / "out"), validation_fraction=0.001
+    )
+
+    split_documents(config)
+
+    assert split_ids(config.output_path, "validation") == [min(ids, key=split_key)]
+    assert len(split_ids(config.output_path, "train")) == 4
+    # The re-run resumes from the corrected shard counters and changes nothing.
+    assert sum(s["validation"]["documents"] for s in split_documents(config)) == 1
+
+
+def test_tokenizer_held_out_documents_are_the_validation_documents(tmp_path):
+    make_corpus(str(tmp_path / "docs"), documents=100, shards=2)
+    per_shard = split_documents(TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out")))
+    train_tokenizer(
+        TrainTokenizerConfig(
+            input_path=str(tmp_path / "docs"), output_path=str(tmp_path / "tok"), vocab_size=300
+        )
+    )
+
+    heldout = json.loads((tmp_path / "tok" / "stats.json").read_text())["heldout"]
+    validation = split_ids(str(tmp_path / "out"), "validation")
+    assert heldout["documents"] == len(validation) == sum(s["validation"]["documents"] for s in per_shard) > 0
+
+
+def test_empty_texts_are_counted_and_skipped(tmp_path):
+    docs = [
+        {"id": str(i), "text": text, "source": "", "metadata": {}}
+        for i, text in enumerate(["a b", "", "  \n", "c"])
+    ]
+    write_documents(str(tmp_path / "docs" / shard_name(0)), docs)
+    per_shard = split_documents(TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out")))
+    assert per_shard[0]["skipped_empty"] == 2
+    assert per_shard[0]["train"]["documents"] + per_shard[0]["validation"]["documents"] == 2
+
+
+def test_document_without_the_text_field_names_the_file_and_field(tmp_path):
+    shard = str(tmp_path / "docs" / shard_name(0))
+    write_documents(shard, [{"id": "x", "body": "text", "source": "", "metadata": {}}])
+    with pytest.raises(ValueError, match=r"shard-00000.jsonl.gz: document 'x' has no string field 'text'"):
+        split_documents(TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out"), workers=1))
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [({"validation_fraction": 0.0}, "validation_fraction"), ({"builder": "spark"}, "builder")],
+)
+def test_bad_settings_are_rejected_with_the_field_named(tmp_path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        tokenize(TokenizeConfig(str(tmp_path), "unused", str(tmp_path / "out"), **fields))
+
+
+def test_importing_the_operations_does_not_import_levanter_jax_or_ray():
+    code = (
+        "import sys, operations.tokenize, operations.tokenizer; "
+        "print(sorted(m for m in ('levanter', 'jax', 'ray', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory):
+    """A tiny corpus, a tokenizer trained on it, and its tokenized output (default builder)."""
+    root = tmp_path_factory.mktemp("tokenize")
+    documents = make_corpus(str(root / "docs"), documents=120, shards=3)
+    tokenizer = str(root / "tokenizer")
+    train_tokenizer(
+        TrainTokenizerConfig(input_path=str(root / "docs"), output_path=tokenizer, vocab_size=400)
+    )
+    config = TokenizeConfig(str(root / "docs"), tokenizer, str(root / "tokenized"), validation_fraction=0.1)
+    tokenize(config)
+    return root, config, documents
+
+
+@pytest.mark.slow
+def test_caches_hold_every_document_levanter_loads_them_and_they_decode_back(tokenized):
+    import haliax as hax
+    import jax
+    from levanter.schedule import BatchSchedule
+
+    _, config, documents = tokenized
+    out = config.output_path
+    assert cache_finished(os.path.join(out, "train")) and cache_finished(os.path.join(out, "validation"))
+
+    data = lm_data_config(out, config.tokenizer)
+    tokenizer = data.the_tokenizer
+    bos, eos = tokenizer.bos_token, tokenizer.eos_token
+    stats = json.loads(pathlib.Path(out, "stats.json").read_text())
+    by_id = {doc["id"]: doc["text"] for doc in documents}
+    expected_ids = {}
+    for split in ("train", "validation"):
+        ids = split_ids(out, split)
+        # Levanter's BatchTokenizer tokenizes "<bos> text <eos>" for each document.
+        encoded = tokenizer([f"{bos} {by_id[i]} {eos}" for i in ids])["input_ids"]
+        assert stats[split]["documents"] == len(ids)
+        assert stats[split]["tokens"] == sum(len(e) for e in encoded)
+        expected_ids[split] = [token for e in encoded for token in e]
+
+        cache = data.build_or_load_cache(split, monitors=False)
+        assert len(cache) == len(ids)
+        assert tokenizer.decode(cache[0]["input_ids"]) == f"{bos} {by_id[ids[0]]} {eos}"
+    assert stats["documents"] == len(documents) and stats["levanter_preprocessor"]["append_eos"]
+
+    # What the training step does: Levanter's own datasets over the caches.
+    Pos = hax.Axis("position", 32)
+    train = data.train_set(Pos, BatchSchedule(4), key=jax.random.PRNGKey(0)).as_sync_dataset()
+    validation = data.validation_set(Pos).as_sync_dataset()
+    assert list(train[1].tokens.array) == expected_ids["train"][32:64]
+    assert tokenizer.decode(validation[0].tokens.array) == tokenizer.decode(expected_ids["validation"][:32])
+
+
+@pytest.mark.slow
+def test_rerun_after_success_changes_nothing(tokenized):
+    _, config, _ = tokenized
+    stats = pathlib.Path(config.output_path, "stats.json")
+    before = stats.read_bytes()
+    tokenize(config)
+    assert stats.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_deleted_cache_is_rebuilt_identically(tokenized):
+    _, config, _ = tokenized
+    validation = pathlib.Path(config.output_path, "validation")
+    before = {
+        path.relative_to(validation): path.read_bytes() for path in validation.rglob("*") if path.is_file()
+    }
+    shutil.rmtree(validation)
+    tokenize(config)
+    after = {
+        path.relative_to(validation): path.read_bytes() for path in validation.rglob("*") if path.is_file()
+    }
+    assert after == before
+
+
+@pytest.mark.slow
+def test_ray_builder_writes_byte_identical_caches(tokenized):
+    root, config, _ = tokenized
+    with_ray = TokenizeConfig(
+        config.input_path,
+        config.tokenizer,
+        str(root / "with-ray"),
+        validation_fraction=0.1,
+        builder="ray",
+        workers=1,  # no fork: JAX is imported in this process by now
+    )
+    tokenize(with_ray)
+
+    def tree(root):
+        return {
+            os.path.relpath(os.path.join(directory, name), root): pathlib.Path(directory, name).read_bytes()
+            for directory, _, files in os.walk(root)
+            for name in files
+        }
+
+    in_process, ray_built = tree(config.output_path), tree(with_ray.output_path)
+    assert sorted(in_process) == sorted(ray_built)
+    for name, content in in_process.items():
+        assert ray_built[name] == content, name
