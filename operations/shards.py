@@ -107,6 +107,19 @@ def iter_documents(path: str) -> Iterator[dict[str, Any]]:
         yield from read_documents(shard)
 
 
+def document_text(document: dict[str, Any], text_field: str, where: str, index: int) -> str:
+    """The text of a document with an id, or a ValueError naming the shard, document and field."""
+    text = document.get(text_field)
+    if not isinstance(text, str):
+        raise ValueError(
+            f"{where}: document {document.get('id', f'#{index}')!r} has no string field "
+            f"{text_field!r} (got {type(text).__name__}); set text_field to the field holding the text"
+        )
+    if "id" not in document:
+        raise ValueError(f"{where}: document #{index} has no 'id' field; every document needs one")
+    return text
+
+
 def dumps_document(document: dict[str, Any]) -> str:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 

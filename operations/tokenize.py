@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from operations.shards import (
     SHARD_STATS_DIR,
+    document_text,
     document_writer,
     is_local,
     join,
@@ -171,16 +172,7 @@ def split_shard(
     first_train: tuple[float, str] | None = None
     with document_writer(validation_shard) as write_validation, document_writer(output_shard) as write_train:
         for index, document in enumerate(read_documents(input_shard)):
-            text = document.get(text_field)
-            if not isinstance(text, str):
-                raise ValueError(
-                    f"{input_shard}: document {document.get('id', f'#{index}')!r} has no string field "
-                    f"{text_field!r} (got {type(text).__name__}); set text_field to the field holding the text"
-                )
-            if "id" not in document:
-                raise ValueError(
-                    f"{input_shard}: document #{index} has no 'id' field; every document needs one"
-                )
+            text = document_text(document, text_field, input_shard, index)
             if not text.strip():
                 # Would become a bos/eos pair with nothing between: noise for training.
                 counts["skipped_empty"] += 1

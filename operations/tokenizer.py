@@ -38,7 +38,7 @@ from typing import Any
 
 import fsspec
 
-from operations.shards import atomic_output, iter_documents, join, write_stats
+from operations.shards import atomic_output, document_text, iter_documents, join, write_stats
 
 logger = logging.getLogger(__name__)
 
@@ -175,16 +175,7 @@ def document_texts(input_path: str, text_field: str, max_documents: int | None) 
         for index, document in enumerate(documents):
             if max_documents is not None and index >= max_documents:
                 return
-            text = document.get(text_field)
-            if not isinstance(text, str):
-                raise ValueError(
-                    f"{input_path}: document {document.get('id', f'#{index}')!r} has no string field "
-                    f"{text_field!r} (got {type(text).__name__}); set text_field to the field holding the text"
-                )
-            if "id" not in document:
-                raise ValueError(
-                    f"{input_path}: document #{index} has no 'id' field; every document needs one"
-                )
+            text = document_text(document, text_field, input_path, index)
             yield str(document["id"]), text
     finally:
         documents.close()
