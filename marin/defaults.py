@@ -199,3 +199,58 @@ def default_tokenize(
         ),
         description="Tokenize into a Levanter cache",
     )
+
+
+TRAIN_FIELDS_THAT_MATTER = (
+    "train_batch_size",
+    "num_train_steps",
+    "learning_rate",
+    "weight_decay",
+    "warmup",
+    "lr_schedule",
+    "min_lr_ratio",
+    "seq_len",
+    "epochs",
+    "seed",
+)
+"""SimpleTrainConfig fields that change the trained model (versioned). Eval, checkpoint and
+export cadence are not: they change what is logged or saved along the way, not the model."""
+
+
+def default_train(
+    name: str,
+    tokenized: ExecutorStep,
+    model: Any,
+    train_config: Any,
+    *,
+    tokenizer: StepInput | str | None = None,
+    tracker: str = "wandb",
+) -> ExecutorStep:
+    """`checkpoints/<name>`: train `model` (a `LlamaSpec`, see marin.models) on a tokenized step.
+
+    The tokenizer defaults to the one the tokenized step used. The model shape and the
+    hyperparameters that change the model are versioned, as in Marin.
+    """
+    from dataclasses import replace
+
+    from operations.train import TrainConfig, train
+
+    if tokenizer is None:
+        tokenizer = tokenized.config.tokenizer
+    versioned_train = replace(
+        train_config, **{field: versioned(getattr(train_config, field)) for field in TRAIN_FIELDS_THAT_MATTER}
+    )
+    return ExecutorStep(
+        name=f"checkpoints/{name}",
+        fn=train,
+        config=TrainConfig(
+            tokenized_path=tokenized,
+            tokenizer=tokenizer if not isinstance(tokenizer, str) else versioned(tokenizer),
+            model=versioned(model),
+            train=versioned_train,
+            output_path=this_output_path(),
+            tracker=tracker,
+        ),
+        description=f"Train {name} for {train_config.num_train_steps} steps",
+        resources={"accelerator": "any"},
+    )

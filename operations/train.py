@@ -1,0 +1,643 @@
+"""Train: a Llama language model on a tokenized dataset, with Levanter's trainer.
+
+The config holds plain values only (a `LlamaSpec`, a `SimpleTrainConfig`, paths), so the
+executor can version it. `train` converts it to Levanter's `TrainLmConfig` and calls
+`levanter.main.train_lm.main`: the trainer, the data loader, the checkpointer and the
+Hugging Face export are Levanter's. The output directory:
+
+    <output_path>/checkpoints/step-<N>/   Levanter checkpoints (N is Levanter's 0-indexed step:
+                                          the final one is step-<num_train_steps - 1>)
+    <output_path>/hf/step-<N>/            Hugging Face export (config, weights, tokenizer)
+    <output_path>/hf_reference/           the HF config the export is built from
+    <output_path>/metrics.jsonl           JSON lines {"step": N, metric: value, ...}, one per Levanter
+                                          log call (a few per step; `read_metrics` merges them per
+                                          step): train/loss, optim/learning_rate, eval/loss (on eval
+                                          steps), throughput/tokens_per_second, grad/norm/total, ...
+    <output_path>/logs/<run id>.log.log   Levanter's log file
+    <output_path>/wandb/                  W&B's offline run (sync later with `wandb sync`)
+    <output_path>/attempts.json           one entry per completed attempt: resumed_from_step, seconds
+    <output_path>/stats.json              written last: steps, attempts, final losses, tokens/s
+
+Resume: Levanter loads the latest checkpoint under `checkpoints/` when it starts, so a
+killed step re-run continues from there. metrics.jsonl is first cut back to the
+checkpoint's step, so no step is logged twice (except the last: Levanter logs it again
+when it forces its hooks at the end). Levanter 1.2.dev1644 never writes a
+checkpoint at the last step (its trainer forces the hooks at the end, but the checkpointer
+is wrapped in a callback that drops `force`); `_final_checkpointer_config()` forces that save
+through Levanter's own `Checkpointer.on_step(force=True)` and waits for it to be committed.
+Levanter raises when asked to train a finished run, so a re-run after success sees the
+final checkpoint and returns (first exporting that checkpoint to hf/ and writing stats.json
+if a kill came between the final checkpoint and those). Levanter also stops early, without
+a final checkpoint, when the data runs out: `train` refuses such a config up front (see
+`SimpleTrainConfig.epochs`).
+
+Tracking: W&B in offline mode (`tracker="wandb"`, files under `<output_path>/wandb`), or
+"json" (Levanter's JSON-lines logger) or "none"; metrics.jsonl is written in every case.
+The run id is `<output dir name>-<hash of the output path>`, so a resumed run continues the
+same W&B run. (Levanter calls wandb.init twice per run -- once in `levanter.initialize`, once
+in the Trainer -- so each attempt leaves two offline-run folders with the same run id.)
+
+JAX and Levanter are imported inside the functions: importing this module stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+
+from operations.shards import is_local, join, read_json, write_json_atomic, write_stats
+
+if TYPE_CHECKING:
+    from levanter.main.train_lm import TrainLmConfig
+    from levanter.models.llama import LlamaConfig
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+HF_DIR = "hf"
+HF_REFERENCE_DIR = "hf_reference"
+METRICS_FILE = "metrics.jsonl"
+TRACKERS = ("wandb", "json", "none")
+# Per-weight-matrix norms Levanter logs; metrics.jsonl keeps only their totals.
+PER_PARAMETER = re.compile(r"^(grad|params|updates|opt_state)/(norm|rms)/")
+# How often metrics.jsonl is rewritten when the output is on an object store (no appends there).
+REMOTE_METRICS_SECONDS = 60.0
+LR_SCHEDULES = ("cosine", "linear", "constant", "inv_sqrt")
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """The shape of a Llama model: plain values, converted to Levanter's `LlamaConfig` by `to_levanter`."""
+
+    hidden_dim: int
+    """Width of the residual stream."""
+
+    intermediate_dim: int
+    """Width of the SwiGLU MLP."""
+
+    num_layers: int
+    """Transformer blocks."""
+
+    num_heads: int
+    """Attention (query) heads; hidden_dim must divide by it."""
+
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention); num_heads must divide by it."""
+
+    seq_len: int = 1024
+    """Context length the model is built for (training may use a shorter one)."""
+
+    tie_word_embeddings: bool = False
+    """Share the input embedding and the output head."""
+
+    def parameter_count(self, vocab_size: int) -> int:
+        """Parameters of the model for `vocab_size` (embeddings, attention, MLP, RMSNorm weights)."""
+        head_dim = self.hidden_dim // self.num_heads
+        attention = 2 * self.hidden_dim * self.hidden_dim + 2 * self.hidden_dim * self.num_kv_heads * head_dim
+        mlp = 3 * self.hidden_dim * self.intermediate_dim
+        block = attention + mlp + 2 * self.hidden_dim
+        embeddings = vocab_size * self.hidden_dim * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.num_layers * block + self.hidden_dim
+
+    def to_levanter(self, **overrides: Any) -> LlamaConfig:
+        """Levanter's `LlamaConfig` of this shape; `overrides` set other LlamaConfig fields."""
+        from levanter.models.llama import LlamaConfig
+
+        fields = dataclasses.asdict(self)
+        fields.update(overrides)
+        return LlamaConfig(**fields)
+
+
+@dataclass(frozen=True)
+class SimpleTrainConfig:
+    """Optimizer, schedule and cadence of a training run (like Marin's SimpleTrainConfig)."""
+
+    train_batch_size: int
+    """Sequences per optimizer step."""
+
+    num_train_steps: int
+    """Optimizer steps."""
+
+    learning_rate: float
+    """Peak learning rate (AdamW)."""
+
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+
+    warmup: float = 0.01
+    """Warm-up: a fraction of num_train_steps if < 1, else a number of steps."""
+
+    lr_schedule: str = "cosine"
+    """Decay after warm-up: cosine, linear, constant or inv_sqrt."""
+
+    min_lr_ratio: float = 0.1
+    """The schedule decays to learning_rate * min_lr_ratio."""
+
+    seq_len: int | None = None
+    """Tokens per training sequence; None: the model's seq_len."""
+
+    steps_per_eval: int = 1000
+    """Validation loss every this many steps (and at the end)."""
+
+    max_eval_batches: int | None = None
+    """Cap on validation batches per evaluation; None: the whole validation set."""
+
+    steps_per_checkpoint: int = 1000
+    """Permanent checkpoint every this many steps (and always at the last step)."""
+
+    checkpoint_minutes: float | None = 10.0
+    """Also a temporary checkpoint after this many minutes without one (Levanter's save_interval;
+    replaced by the next checkpoint); None: step checkpoints only."""
+
+    steps_per_export: int | None = None
+    """Hugging Face export every this many steps; None: only at the end."""
+
+    epochs: int = 0
+    """0: one pass over the training data, and the run is refused up front if that holds fewer
+    than train_batch_size * num_train_steps sequences; N > 0: cycle through it up to N times."""
+
+    seed: int = 0
+    """Seed of model initialisation and data order."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    tokenized_path: str
+    """Output of operations.tokenize (Levanter caches under train/ and validation/)."""
+
+    tokenizer: str
+    """Local tokenizer directory (output of operations.tokenizer): the one the data was tokenized with."""
+
+    model: LlamaSpec
+    """Model shape (see marin.models for named ones)."""
+
+    train: SimpleTrainConfig
+    """Optimizer, schedule, batch size, steps, eval and checkpoint cadence, seed."""
+
+    output_path: str
+    """Directory for checkpoints, the HF export, metrics.jsonl, logs and stats.json."""
+
+    tracker: str = "wandb"
+    """"wandb" (W&B offline, under <output_path>/wandb), "json" (Levanter's JSON-lines log) or "none".
+    metrics.jsonl is written with any of them."""
+
+    wandb_project: str = "marin"
+    """W&B project name of the run."""
+
+    mixed_precision: str | None = None
+    """jmp policy, e.g. "p=f32,c=bfloat16"; None: that on an accelerator, "f32" on CPU."""
+
+    require_accelerator: bool = False
+    """Fail instead of training on CPU when no GPU/TPU is found."""
+
+
+def run_id(output_path: str) -> str:
+    """The W&B/Levanter run id of a training output: `<name>-<hash of the path>`, stable across resumes."""
+    digest = hashlib.sha256(output_path.rstrip("/").encode()).hexdigest()[:10]
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", output_path.rstrip("/").rsplit("/", 1)[-1])[:40].strip("-.")
+    return f"{name}-{digest}" if name else digest
+
+
+def train(config: TrainConfig) -> None:
+    """Train (or resume, or return if already finished) and write stats.json."""
+    _check(config)
+    started = time.perf_counter()
+    final_step = config.train.num_train_steps - 1  # Levanter names steps from 0
+    resume_step = latest_checkpoint_step(config.output_path)
+    if resume_step is not None and resume_step >= final_step:
+        # Finished. A run killed after its final checkpoint may lack the export or the stats.
+        if not _hf_export_exists(config.output_path, resume_step):
+            export_hf_from_checkpoint(config, resume_step)
+        if read_json(join(config.output_path, "stats.json")) is None:
+            _write_train_stats(config, attempts=_attempts(config, resume_step, 0.0))
+        logger.info("train: %s already finished (checkpoint at step %d)", config.output_path, resume_step)
+        return
+
+    _check_enough_data(config)
+    _truncate_metrics(join(config.output_path, METRICS_FILE), resume_step)
+    from levanter.main.train_lm import main
+
+    levanter_lm_config = levanter_config(config)
+    with _wandb_environment(config):
+        main(levanter_lm_config)
+    last_step = latest_checkpoint_step(config.output_path)
+    if last_step is None or last_step < final_step:
+        raise RuntimeError(
+            f"{config.output_path}: training ended at checkpoint step {last_step}, expected {final_step}"
+        )
+    _write_train_stats(config, attempts=_attempts(config, resume_step, time.perf_counter() - started))
+
+
+def _check(config: TrainConfig) -> None:
+    train = config.train
+    for name in ("train_batch_size", "num_train_steps", "steps_per_eval", "steps_per_checkpoint"):
+        if getattr(train, name) < 1:
+            raise ValueError(f"SimpleTrainConfig.{name}={getattr(train, name)}: must be >= 1")
+    if train.lr_schedule not in LR_SCHEDULES:
+        raise ValueError(
+            f"SimpleTrainConfig.lr_schedule={train.lr_schedule!r}: one of {', '.join(LR_SCHEDULES)}"
+        )
+    if config.tracker not in TRACKERS:
+        raise ValueError(f"TrainConfig.tracker={config.tracker!r}: one of {', '.join(TRACKERS)}")
+    if not (is_local(config.tokenizer) and os.path.isdir(config.tokenizer.removeprefix("file://"))):
+        raise ValueError(
+            f"TrainConfig.tokenizer={config.tokenizer!r}: must be a local tokenizer directory "
+            "(Levanter's HF export loads it from disk)"
+        )
+    if config.output_path.startswith("s3://"):
+        # tensorstore writes s3:// checkpoints to a local folder named "s3:" without an error.
+        raise ValueError(
+            f"TrainConfig.output_path={config.output_path!r}: s3:// is not supported; use gs:// or local"
+        )
+
+
+def _check_enough_data(config: TrainConfig) -> None:
+    """Levanter stops quietly when the data runs out (and then skips the final checkpoint): refuse up front."""
+    stats = read_json(join(config.tokenized_path, "stats.json"))
+    if not stats or "train" not in stats:
+        return  # not written by operations.tokenize: let Levanter find out
+    train = config.train
+    seq_len = train.seq_len or config.model.seq_len
+    available = stats["train"]["tokens"] // seq_len * max(1, train.epochs)
+    needed = train.train_batch_size * train.num_train_steps
+    if available < needed:
+        raise ValueError(
+            f"{config.tokenized_path}: {stats['train']['tokens']} training tokens make {available} sequences of "
+            f"{seq_len} (epochs={train.epochs}), but {train.num_train_steps} steps of {train.train_batch_size} "
+            f"need {needed}; add data, lower num_train_steps or train_batch_size, or set SimpleTrainConfig.epochs"
+        )
+
+
+def latest_checkpoint_step(output_path: str) -> int | None:
+    """Step (Levanter's, 0-indexed) of the newest complete checkpoint under output_path, or None."""
+    base = join(output_path, CHECKPOINTS_DIR)
+    fs, root = fsspec.core.url_to_fs(base)
+    steps = []
+    for metadata in fs.glob(f"{root.rstrip('/')}/*/metadata.json"):
+        with fs.open(metadata) as handle:
+            steps.append(int(json.load(handle)["step"]))
+    return max(steps, default=None)
+
+
+def _hf_export_exists(output_path: str, step: int) -> bool:
+    fs, root = fsspec.core.url_to_fs(join(output_path, HF_DIR, f"step-{step}"))
+    return fs.exists(f"{root}/config.json") and bool(fs.glob(f"{root}/*.safetensors"))
+
+
+def export_hf_from_checkpoint(config: TrainConfig, step: int) -> str:
+    """Write <output_path>/hf/step-<step> from the Levanter checkpoint of that step; returns its path."""
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    from levanter.checkpoint import load_checkpoint
+
+    lm = levanter_config(config)
+    tokenizer = lm.data.the_tokenizer
+    vocab = hax.Axis("vocab", len(tokenizer))
+    shapes = eqx.filter_eval_shape(lm.model.build, vocab, key=jax.random.PRNGKey(0))
+    checkpoint = join(_absolute(config.output_path), CHECKPOINTS_DIR, f"step-{step}")
+    destination = join(_absolute(config.output_path), HF_DIR, f"step-{step}")
+    mesh = lm.trainer.device_mesh
+    with hax.partitioning.set_mesh(mesh), hax.axis_mapping(lm.trainer.parameter_axis_mapping):
+        model = load_checkpoint(
+            shapes,
+            checkpoint,
+            subpath="model",
+            discover_latest=False,
+            axis_mapping=lm.trainer.parameter_axis_mapping,
+            mesh=mesh,
+        )
+        converter = lm.model.hf_checkpoint_converter().replaced(tokenizer=tokenizer)
+        converter.save_pretrained(model, destination)
+    logger.info("train: exported %s from checkpoint step %d", destination, step)
+    return destination
+
+
+def levanter_config(config: TrainConfig) -> TrainLmConfig:
+    """Levanter's TrainLmConfig for `config` (writes the HF reference config it needs)."""
+    import datetime
+
+    import jax
+    import jmp
+    from levanter.distributed import RayConfig
+    from levanter.main.train_lm import TrainLmConfig
+    from levanter.optim import AdamConfig
+    from levanter.tracker import NoopConfig
+    from levanter.tracker.json_logger import JsonLoggerConfig
+    from levanter.tracker.wandb import WandbConfig
+    from levanter.trainer import TrainerConfig
+
+    from operations.tokenize import lm_data_config
+
+    train = config.train
+    output = _absolute(config.output_path)
+    tokenizer = os.path.abspath(config.tokenizer.removeprefix("file://"))
+    run = run_id(output)
+    data = lm_data_config(config.tokenized_path, tokenizer)
+    reference = _write_hf_reference(config, output, len(data.the_tokenizer))
+    model = config.model.to_levanter(
+        seq_len=train.seq_len or config.model.seq_len, tokenizer=tokenizer, reference_checkpoint=reference
+    )
+
+    if config.tracker == "wandb":
+        # W&B's directory can only be set through the environment (see `train`).
+        tracker: Any = WandbConfig(project=config.wandb_project, name=run, mode="offline", save_code=False)
+    elif config.tracker == "json":
+        tracker = JsonLoggerConfig()
+    else:
+        tracker = NoopConfig()
+    precision = config.mixed_precision
+    if precision is None:
+        precision = "f32" if jax.default_backend() == "cpu" else "p=f32,c=bfloat16"
+
+    checkpointer = _final_checkpointer_config()(
+        base_path=join(output, CHECKPOINTS_DIR),
+        save_interval=datetime.timedelta(minutes=train.checkpoint_minutes or 1e9),
+        keep=[dict(every=train.steps_per_checkpoint)],
+        append_run_id_to_base_path=False,
+        final_step=train.num_train_steps - 1,
+    )
+    trainer = TrainerConfig(
+        seed=train.seed,
+        mp=jmp.get_policy(precision),
+        id=run,
+        log_dir=_local_dir(output, "logs"),
+        tracker=(tracker, _metrics_tracker_config()(path=join(output, METRICS_FILE))),
+        train_batch_size=train.train_batch_size,
+        num_train_steps=train.num_train_steps,
+        steps_per_eval=train.steps_per_eval,
+        max_eval_batches=train.max_eval_batches,
+        checkpointer=checkpointer,
+        ray=RayConfig(auto_start_cluster=False),  # the caches are built; nothing here needs Ray
+        require_accelerator=config.require_accelerator,
+        log_jaxprs=False,
+        log_xla_hlo=False,
+    )
+    optimizer = AdamConfig(
+        learning_rate=train.learning_rate,
+        weight_decay=train.weight_decay,
+        warmup=train.warmup,
+        lr_schedule=train.lr_schedule,
+        min_lr_ratio=train.min_lr_ratio,
+    )
+    return TrainLmConfig(
+        data=data,
+        trainer=trainer,
+        model=model,
+        optimizer=optimizer,
+        hf_save_path=join(output, HF_DIR),
+        hf_save_steps=train.steps_per_export or train.num_train_steps,
+        epoch=train.epochs,
+    )
+
+
+@contextlib.contextmanager
+def _wandb_environment(config: TrainConfig) -> Iterator[None]:
+    """W&B files under <output_path>/wandb (not ./wandb wherever we run), quiet; restored afterwards."""
+    output = _absolute(config.output_path)
+    values = {"WANDB_SILENT": "true"}
+    if config.tracker == "wandb" and is_local(output):
+        os.makedirs(output, exist_ok=True)
+        values["WANDB_DIR"] = output
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(path.removeprefix("file://")) if is_local(path) else path
+
+
+def _local_dir(output: str, name: str):
+    import pathlib
+
+    # Levanter's log file is opened with the local filesystem.
+    return pathlib.Path(join(output, name)) if is_local(output) else pathlib.Path("logs")
+
+
+def _write_hf_reference(config: TrainConfig, output: str, vocab_size: int) -> str:
+    """A local HF config directory: Levanter's export needs a `reference_checkpoint` to load."""
+    import tempfile
+
+    hf_config = config.model.to_levanter(seq_len=config.train.seq_len or config.model.seq_len).to_hf_config(
+        vocab_size
+    )
+    if is_local(output):
+        reference = os.path.join(output, HF_REFERENCE_DIR)
+    else:
+        # HF loads configs from local directories (or the hub) only.
+        reference = os.path.join(tempfile.gettempdir(), "marin-hf-reference", run_id(output))
+    hf_config.save_pretrained(reference)
+    return reference
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        with fsspec.open(path, "r") as handle:
+            return [line for line in handle if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _truncate_metrics(path: str, last_step: int | None) -> None:
+    """Drop lines past the checkpoint we resume from (the killed attempt logged them; they are re-run)."""
+    lines = _read_lines(path)
+    keep = [line for line in lines if last_step is not None and json.loads(line)["step"] <= last_step]
+    if len(keep) != len(lines):
+        with fsspec.open(path, "w") as handle:
+            handle.writelines(keep)
+
+
+def read_metrics(output_path: str) -> list[dict[str, Any]]:
+    """<output_path>/metrics.jsonl merged into one dict per step, in step order."""
+    by_step: dict[int, dict[str, Any]] = {}
+    with fsspec.open(join(output_path, METRICS_FILE), "r") as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                by_step.setdefault(record["step"], {}).update(record)
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _attempts(config: TrainConfig, resumed_from: int | None, seconds: float) -> list[dict[str, Any]]:
+    previous = read_json(join(config.output_path, "attempts.json")) or []
+    if seconds:
+        previous.append({"resumed_from_step": resumed_from, "seconds": round(seconds, 1)})
+        write_json_atomic(join(config.output_path, "attempts.json"), previous)
+    return previous
+
+
+def _write_train_stats(config: TrainConfig, attempts: list[dict[str, Any]]) -> None:
+    metrics = read_metrics(config.output_path)
+    losses = [m for m in metrics if "train/loss" in m]
+    evals = [m for m in metrics if "eval/loss" in m]
+    speeds = [m["throughput/tokens_per_second"] for m in metrics if "throughput/tokens_per_second" in m]
+    # The first steps include compilation; the median is what a step costs.
+    speeds.sort()
+    write_stats(
+        config.output_path,
+        {
+            "run_id": run_id(_absolute(config.output_path)),
+            "num_train_steps": config.train.num_train_steps,
+            "final_checkpoint_step": latest_checkpoint_step(config.output_path),
+            "final_train_loss": losses[-1]["train/loss"] if losses else None,
+            "final_eval_loss": evals[-1]["eval/loss"] if evals else None,
+            "median_tokens_per_second": speeds[len(speeds) // 2] if speeds else None,
+            "parameter_count": config.model.parameter_count(_vocab_size(config.tokenizer)),
+            "attempts": attempts,
+        },
+    )
+
+
+def _vocab_size(tokenizer: str) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(tokenizer.removeprefix("file://")))
+
+
+# ---------------------------------------------------------------------------- Levanter glue
+# Built inside functions so that Levanter is imported only when training.
+
+
+@functools.cache
+def _final_checkpointer_config():
+    """A CheckpointerConfig whose checkpointer also saves (and commits) the last step."""
+    from levanter.checkpoint import Checkpointer, CheckpointerConfig
+
+    class FinalStepCheckpointer(Checkpointer):
+        def __init__(self, *args: Any, final_step: int, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.final_step = final_step
+
+        def on_step(self, info: Any, force: bool = False) -> None:
+            final = info.step >= self.final_step
+            super().on_step(info, force=force or final)
+            if final:
+                # Saves are asynchronous: the run is not done until the last one is committed.
+                self.wait_until_finished()
+
+    @dataclass
+    class FinalCheckpointerConfig(CheckpointerConfig):
+        final_step: int = -1
+
+        def create(self, run_id: str) -> Checkpointer:
+            return FinalStepCheckpointer(
+                base_path=self.expanded_path(run_id),
+                save_interval=self.save_interval,
+                step_policies=[_interval(k) for k in self.keep],
+                delete_old_temp_checkpoints=self.delete_old_temp_checkpoints,
+                final_step=self.final_step,
+            )
+
+    return FinalCheckpointerConfig
+
+
+def _interval(keep: dict[str, Any]):
+    from levanter.checkpoint import CheckpointInterval
+
+    return CheckpointInterval(**keep)
+
+
+@functools.cache
+def _metrics_tracker_config():
+    """A Levanter tracker config that writes one JSON line per step to a file."""
+    from levanter.tracker import Tracker
+    from levanter.tracker.json_logger import _to_jsonable
+    from levanter.tracker.tracker import TrackerConfig
+
+    class MetricsFileTracker(Tracker):
+        name = "metrics_file"
+
+        def __init__(self, path: str):
+            self.path = path
+            self.step: int | None = None
+            self.handle: Any = None
+            # Object stores cannot append: keep the file's lines and rewrite it now and then.
+            self.lines: list[str] | None = None if is_local(path) else _read_lines(path)
+            self.written = time.monotonic()
+
+        def log_hyperparameters(self, hparams: dict[str, Any]) -> None:
+            pass
+
+        def log(self, metrics: Any, *, step: int | None, commit: bool | None = None) -> None:
+            self.step = step if step is not None else self.step
+            row: dict[str, Any] = {}
+            for key, value in _flatten(metrics).items():
+                if PER_PARAMETER.match(key) and not key.endswith("/total"):
+                    continue  # one number per weight matrix: W&B has them, the file stays readable
+                value = _to_jsonable(value)
+                if isinstance(value, int | float | str | bool) or value is None:
+                    row[key] = value
+            if self.step is None or not row:
+                return
+            line = json.dumps({"step": self.step, **row}, sort_keys=True) + "\n"
+            if self.lines is not None:
+                self.lines.append(line)
+                if time.monotonic() - self.written >= REMOTE_METRICS_SECONDS:
+                    self._rewrite()
+                return
+            if self.handle is None:
+                self.handle = open(self.path.removeprefix("file://"), "a")  # noqa: SIM115 (open for the run)
+            # One line per call, flushed at once: a killed run keeps everything it logged.
+            self.handle.write(line)
+            self.handle.flush()
+
+        def _rewrite(self) -> None:
+            with fsspec.open(self.path, "w") as handle:
+                handle.writelines(self.lines or [])
+            self.written = time.monotonic()
+
+        def log_summary(self, metrics: dict[str, Any]) -> None:
+            pass
+
+        def log_artifact(
+            self, artifact_path: Any, *, name: str | None = None, type: str | None = None
+        ) -> None:
+            pass
+
+        def finish(self) -> None:
+            if self.lines is not None:
+                self._rewrite()
+            if self.handle is not None:
+                self.handle.close()
+                self.handle = None
+
+    @TrackerConfig.register_subclass("marin_metrics_file")
+    @dataclass
+    class MetricsFileConfig(TrackerConfig):
+        path: str = field(default=METRICS_FILE)
+
+        def init(self, run_id: str | None) -> Tracker:
+            return MetricsFileTracker(self.path)
+
+    return MetricsFileConfig
+
+
+def _flatten(metrics: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(_flatten(value, name))
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,259 @@
+"""operations.train and marin.models: real Levanter training of the nano Llama on CPU.
+
+One tiny corpus, tokenizer and tokenized dataset are built per module. The end-to-end test
+trains 20 steps and checks metrics, checkpoints (the final one included: Levanter alone
+skips it), the HF export and a re-run after success. The resume test runs training in a
+subprocess, SIGKILLs it once its first checkpoint is committed, and re-runs it.
+"""
+
+import json
+import os
+import pathlib
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from marin.models import MODELS, llama_nano, model_spec
+from operations.tokenize import TokenizeConfig, tokenize
+from operations.tokenizer import TrainTokenizerConfig, train_tokenizer
+from operations.train import (
+    SimpleTrainConfig,
+    TrainConfig,
+    latest_checkpoint_step,
+    read_metrics,
+    run_id,
+    train,
+)
+from tests.operations.test_tokenizer import make_corpus
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_importing_train_and_models_does_not_import_levanter_or_jax():
+    code = (
+        "import sys, operations.train, marin.models; "
+        "print(sorted(m for m in ('levanter', 'jax', 'haliax') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_config_is_frozen_picklable_and_run_id_is_stable(tmp_path):
+    config = TrainConfig(
+        "tok", "tokenizer", model_spec("llama_nano"), SimpleTrainConfig(8, 20, 1e-3), "out/run"
+    )
+    assert pickle.loads(pickle.dumps(config)) == config
+    with pytest.raises(AttributeError):
+        config.tracker = "none"  # type: ignore[misc]
+    assert run_id("/a/b/run") == run_id("/a/b/run/") != run_id("/a/c/run")
+    assert run_id("/a/b/run").startswith("run-")
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"train": SimpleTrainConfig(8, 0, 1e-3)}, "num_train_steps"),
+        ({"train": SimpleTrainConfig(8, 10, 1e-3, lr_schedule="cosmic")}, "lr_schedule"),
+        ({"tracker": "tensorboard"}, "tracker"),
+        ({"tokenizer": "gpt2"}, "local tokenizer directory"),
+        ({"output_path": "s3://bucket/run"}, "s3://"),
+    ],
+)
+def test_bad_settings_are_rejected_with_the_field_named(tmp_path, fields, message):
+    base = dict(
+        tokenized_path=str(tmp_path),
+        tokenizer=str(tmp_path),
+        model=MODELS["llama_nano"],
+        train=SimpleTrainConfig(8, 10, 1e-3),
+        output_path=str(tmp_path / "out"),
+    )
+    with pytest.raises(ValueError, match=message):
+        train(TrainConfig(**{**base, **fields}))
+
+
+@pytest.mark.slow
+def test_named_models_have_the_documented_parameter_counts():
+    import equinox as eqx
+    import haliax as hax
+    import jax
+
+    for name, spec in MODELS.items():
+        config = getattr(sys.modules["marin.models"], name)()
+        assert config.hidden_dim == spec.hidden_dim and config.num_layers == spec.num_layers
+        shapes = eqx.filter_eval_shape(config.build, hax.Axis("vocab", 32000), key=jax.random.PRNGKey(0))
+        levanter_count = sum(np.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(shapes))
+        assert levanter_count == spec.parameter_count(32000), name
+        assert f"{levanter_count:,}" in (getattr(sys.modules["marin.models"], name).__doc__ or ""), name
+    assert llama_nano(seq_len=64).seq_len == 64
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A tiny tokenized dataset (~26k training tokens) and its tokenizer."""
+    root = tmp_path_factory.mktemp("train-data")
+    make_corpus(str(root / "docs"), documents=600, shards=2)
+    tokenizer = str(root / "tokenizer")
+    train_tokenizer(
+        TrainTokenizerConfig(input_path=str(root / "docs"), output_path=tokenizer, vocab_size=400)
+    )
+    tokenized = str(root / "tokenized")
+    tokenize(TokenizeConfig(str(root / "docs"), tokenizer, tokenized, validation_fraction=0.1, workers=1))
+    return tokenized, tokenizer
+
+
+def nano_config(data, output_path, **train_fields):
+    tokenized, tokenizer = data
+    fields = dict(
+        train_batch_size=8,
+        num_train_steps=20,
+        learning_rate=3e-3,
+        steps_per_eval=10,
+        steps_per_checkpoint=10,
+        max_eval_batches=2,
+    )
+    fields.update(train_fields)
+    return TrainConfig(
+        tokenized_path=tokenized,
+        tokenizer=tokenizer,
+        model=MODELS["llama_nano"],
+        train=SimpleTrainConfig(**fields),
+        output_path=str(output_path),
+    )
+
+
+def checkpoint_steps(output_path):
+    return sorted(
+        json.loads(path.read_text())["step"]
+        for path in pathlib.Path(output_path).glob("checkpoints/*/metadata.json")
+    )
+
+
+@pytest.mark.slow
+def test_trains_logs_metrics_checkpoints_the_final_step_and_exports(data, tmp_path):
+    config = nano_config(data, tmp_path / "run")
+    started = time.perf_counter()
+    train(config)
+    seconds = time.perf_counter() - started
+
+    metrics = read_metrics(config.output_path)
+    losses = {m["step"]: m["train/loss"] for m in metrics if "train/loss" in m}
+    assert sorted(losses) == list(range(20))  # Levanter numbers steps from 0
+    assert all("optim/learning_rate" in m and "throughput/tokens_per_second" in m for m in metrics)
+    assert np.mean([losses[s] for s in range(15, 20)]) < np.mean([losses[s] for s in range(5)]) - 1.0
+    evals = {m["step"]: m["eval/loss"] for m in metrics if "eval/loss" in m}
+    assert {0, 10, 19} <= set(evals) and evals[19] < evals[0]
+
+    # The last step's checkpoint is there: Levanter 1.2.dev1644 alone writes only step-10.
+    assert checkpoint_steps(config.output_path) == [10, 19]
+    assert latest_checkpoint_step(config.output_path) == 19
+
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    export = tmp_path / "run" / "hf" / "step-19"
+    hf_config = AutoConfig.from_pretrained(export)
+    vocab = len(AutoTokenizer.from_pretrained(export))
+    assert (hf_config.model_type, hf_config.hidden_size, hf_config.num_hidden_layers) == ("llama", 64, 2)
+    weights = load_file(export / "model.safetensors")
+    assert sum(w.size for w in weights.values()) == MODELS["llama_nano"].parameter_count(vocab)
+
+    stats = json.loads((tmp_path / "run" / "stats.json").read_text())
+    assert stats["final_checkpoint_step"] == 19 and stats["attempts"][0]["resumed_from_step"] is None
+    assert stats["final_eval_loss"] == evals[19]
+    # W&B ran offline under the output, with the run id derived from the output path.
+    assert list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id(config.output_path)}"))
+    print(f"\ntrain: 20 steps in {seconds:.1f} s, median {stats['median_tokens_per_second']:.0f} tokens/s")
+
+    # A re-run after success returns without training (Levanter would raise) and changes nothing.
+    before = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    train(config)
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == before
+
+    # Killed after the final checkpoint but before the export: the re-run exports from the checkpoint.
+    shutil.rmtree(tmp_path / "run" / "hf")
+    train(config)
+    assert load_file(export / "model.safetensors").keys() == weights.keys()
+    for name, weight in load_file(export / "model.safetensors").items():
+        np.testing.assert_array_equal(weight, weights[name], err_msg=name)
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_last_checkpoint(data, tmp_path):
+    # Enough steps that the run is still going when it is killed after its first checkpoint.
+    config = nano_config(data, tmp_path / "run", num_train_steps=100, steps_per_eval=50, epochs=5)
+    config_file = tmp_path / "config.pkl"
+    config_file.write_bytes(pickle.dumps(config))
+    code = (
+        "import pickle, sys; from operations.train import train; train(pickle.load(open(sys.argv[1], 'rb')))"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(config_file)],
+        cwd=REPO,
+        # Not WANDB_SERVICE: W&B exports it so that children share this process's W&B service, which
+        # would then hold the killed child's run "in use" and refuse the re-run here.
+        env={**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 150
+        while not checkpoint_steps(config.output_path):
+            assert process.poll() is None, "training exited before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 150 s"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    killed_at = latest_checkpoint_step(config.output_path)
+    assert killed_at is not None and killed_at < 99
+
+    train(config)
+
+    stats = json.loads((tmp_path / "run" / "stats.json").read_text())
+    assert stats["attempts"] == [{"resumed_from_step": killed_at, "seconds": stats["attempts"][0]["seconds"]}]
+    assert checkpoint_steps(config.output_path)[-1] == 99
+    # The re-run did not start again from step 0: no step was logged twice (metrics
+    # past the checkpoint are cut when resuming), and every step after the checkpoint was logged.
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [line["step"] for line in lines if "train/loss" in line]
+    # (Levanter logs the last step again when it forces its hooks at the end.)
+    before_last = [step for step in steps if step != 99]
+    assert len(before_last) == len(set(before_last)) and set(range(killed_at + 1, 100)) <= set(steps)
+    assert {0, 1, 2} <= set(steps)
+    # Levanter names its log file "<run id>.log.log".
+    (log_file,) = (tmp_path / "run" / "logs").glob(f"{run_id(config.output_path)}.log*")
+    log = log_file.read_text()
+    assert f"Resuming training from step {killed_at + 1}" in log
+    train(config)  # finished: returns
+
+
+@pytest.mark.slow
+def test_metrics_file_on_an_object_store_is_rewritten_whole(tmp_path):
+    import uuid
+
+    from operations.train import _metrics_tracker_config
+
+    output = f"memory://train-{uuid.uuid4().hex}"
+    tracker = _metrics_tracker_config()(path=f"{output}/metrics.jsonl").init(None)
+    tracker.log({"train/loss": 2.5, "grad/norm/lm_head": 1.0, "grad/norm/total": 3.0}, step=0)
+    tracker.log({"throughput/tokens_per_second": 100.0}, step=0)
+    tracker.log({"train": {"loss": 2.0}}, step=1)
+    tracker.finish()
+    assert read_metrics(output) == [
+        {"step": 0, "train/loss": 2.5, "grad/norm/total": 3.0, "throughput/tokens_per_second": 100.0},
+        {"step": 1, "train/loss": 2.0},
+    ]
