@@ -254,3 +254,31 @@ def default_train(
         description=f"Train {name} for {train_config.num_train_steps} steps",
         resources={"accelerator": "any"},
     )
+
+
+def default_eval(
+    name: str,
+    trained: ExecutorStep,
+    datasets: dict[str, StepInput],
+    *,
+    max_eval_batches: int | None = None,
+    batch_size: int = 8,
+) -> ExecutorStep:
+    """`evaluation/<name>`: held-out loss and bits-per-byte per domain for a training step's
+    final checkpoint (results.json). `datasets` maps domain names to tokenized steps."""
+    from operations.eval import EvalConfig, evaluate
+
+    return ExecutorStep(
+        name=f"evaluation/{name}",
+        fn=evaluate,
+        config=EvalConfig(
+            checkpoint_path=trained / "checkpoints",
+            tokenizer=trained.config.tokenizer,
+            datasets=dict(datasets),
+            model=trained.config.model,
+            output_path=this_output_path(),
+            max_eval_batches=versioned(max_eval_batches),
+            batch_size=versioned(batch_size),
+        ),
+        description=f"Evaluate {trained.name} on {', '.join(datasets)}",
+    )

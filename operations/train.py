@@ -230,6 +230,9 @@ def train(config: TrainConfig) -> None:
     from levanter.main.train_lm import main
 
     levanter_lm_config = levanter_config(config)
+    # JAX's checkpoint serializer logs an INFO line per array written; that drowns the
+    # executor's progress lines. The full story stays in the step's log at WARNING and up.
+    logging.getLogger("jax.experimental.array_serialization").setLevel(logging.WARNING)
     with _wandb_environment(config):
         main(levanter_lm_config)
     last_step = latest_checkpoint_step(config.output_path)

@@ -1,0 +1,90 @@
+"""Quickstart: a whole study on a laptop, no cloud account -- the README's first command.
+
+    python experiments/quickstart.py                 # ~3-5 minutes on 2 CPU cores
+    python experiments/quickstart.py                 # again: everything cached, seconds
+    QUICKSTART_LR=3e-3 python experiments/quickstart.py   # re-runs only train and eval
+
+On the embedded corpus (the running Python's standard library): download -> documents ->
+filter -> dedup -> tokenizer -> tokenize -> train a tiny Llama (Levanter, on the CPU) ->
+eval (held-out loss and bits-per-byte). Outputs go under ./marin-output (or
+$MARIN_PREFIX, or --prefix). It ends with a summary of what was made and where.
+"""
+
+import json
+import os
+import sys
+
+from executor import executor_main
+from experiments.tutorials.stdlib_data import build_steps
+from marin.defaults import default_eval, default_train
+from marin.models import MODELS, SimpleTrainConfig
+
+LEARNING_RATE = float(os.environ.get("QUICKSTART_LR", "3e-3"))
+TRAIN_STEPS = int(os.environ.get("QUICKSTART_STEPS", "100"))
+MAX_FILES = int(os.environ["QUICKSTART_MAX_FILES"]) if os.environ.get("QUICKSTART_MAX_FILES") else None
+
+
+def quickstart_steps(max_files=MAX_FILES, steps=TRAIN_STEPS, learning_rate=LEARNING_RATE, vocab_size=4096):
+    raw, documents, filtered, deduped, tokenizer, tokenized = build_steps(max_files, vocab_size=vocab_size)
+    model = MODELS["llama_nano"]
+    train_config = SimpleTrainConfig(
+        train_batch_size=8,
+        num_train_steps=steps,
+        learning_rate=learning_rate,
+        steps_per_eval=max(steps // 4, 1),
+        max_eval_batches=8,
+        steps_per_checkpoint=max(steps // 2, 1),
+        seed=0,
+    )
+    trained = default_train("quickstart-nano", tokenized, model, train_config, tracker="wandb")
+    evaluated = default_eval("quickstart-nano", trained, {"stdlib": tokenized}, max_eval_batches=8)
+    return {
+        "raw": raw,
+        "documents": documents,
+        "filtered": filtered,
+        "dedup": deduped,
+        "tokenizer": tokenizer,
+        "tokenized": tokenized,
+        "train": trained,
+        "eval": evaluated,
+    }
+
+
+def _load(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def summary(executor, steps) -> str:
+    """What the run produced, read from the stats files the steps wrote."""
+    from operations.train import read_metrics
+
+    out = {name: executor.output_paths[step] for name, step in steps.items()}
+    tokens = _load(os.path.join(out["tokenized"], "stats.json"))
+    vocab = _load(os.path.join(out["tokenizer"], "stats.json")).get("vocab_size")
+    model = MODELS["llama_nano"]
+    metrics = [m for m in read_metrics(out["train"]) if "train/loss" in m]
+    results = _load(os.path.join(out["eval"], "results.json"))
+    stdlib = results["domains"]["stdlib"]
+    lines = [
+        "",
+        "Quickstart summary",
+        f"  tokens:        {tokens['train']['tokens']:,} train / {tokens['validation']['tokens']:,} validation",
+        f"  parameters:    {model.parameter_count(vocab):,} (llama_nano, vocabulary {vocab:,})",
+        f"  final loss:    {metrics[-1]['train/loss']:.3f} (train, step {metrics[-1]['step']})",
+        f"  held-out:      loss {stdlib['loss']:.3f}, {stdlib['bpb']:.3f} bits per byte",
+        "  outputs:",
+        *(f"    {name:<10} {path}" for name, path in out.items()),
+        f"  browse:        ls {executor.prefix}; each step has .executor_info, .executor_status,",
+        "                 .executor_log and stats.json; loss curve: <train>/metrics.jsonl",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    steps = quickstart_steps()
+    executor = executor_main(
+        steps=list(steps.values()), description="Quickstart: stdlib -> tiny Llama -> eval"
+    )
+    if executor is not None and "--dry_run" not in " ".join(sys.argv):
+        print(summary(executor, steps))
