@@ -416,6 +416,12 @@ def _wandb_environment(config: TrainConfig) -> Iterator[None]:
         values["WANDB_DIR"] = output
     before = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
+    if config.tracker == "wandb":
+        import wandb
+
+        # W&B reads WANDB_DIR once per process into a global singleton; without a teardown a
+        # second training step in the same driver would write into the first run's directory.
+        wandb.teardown()
     try:
         yield
     finally:
