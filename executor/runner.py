@@ -136,8 +136,11 @@ class Runner:
         running: set[str] = set()
         try:
             while ready or running:
-                while ready and len(running) < self.max_concurrent:
-                    path = ready.pop(0)
+                while len(running) < self.max_concurrent:
+                    path = self._next_startable(ready, running, todo)
+                    if path is None:
+                        break
+                    ready.remove(path)
                     running.add(path)
                     threading.Thread(
                         target=self._worker, args=(todo[path],), name=f"step:{todo[path].name}", daemon=True
@@ -179,6 +182,20 @@ class Runner:
             )
         )
         return summary
+
+    @staticmethod
+    def _next_startable(ready: list[str], running: set[str], todo: dict[str, PlannedStep]) -> str | None:
+        """The first ready step that may start now.
+
+        Steps that declare `resources` are heavy (training, evaluation): they hold process-wide
+        state (JAX, the W&B singleton, Levanter's logging), so in the driver they run one at a
+        time. Light steps run alongside them. A remote backend will lift this for heavy steps.
+        """
+        heavy_running = any(todo[path].step.step.resources is not None for path in running)
+        for path in ready:
+            if todo[path].step.step.resources is None or not heavy_running:
+                return path
+        return None
 
     @staticmethod
     def _descendants(path: str, dependents: dict[str, list[str]]) -> list[str]:

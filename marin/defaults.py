@@ -281,4 +281,5 @@ def default_eval(
             batch_size=versioned(batch_size),
         ),
         description=f"Evaluate {trained.name} on {', '.join(datasets)}",
+        resources={"accelerator": "any"},
     )

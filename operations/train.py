@@ -190,7 +190,7 @@ class TrainConfig:
     """Directory for checkpoints, the HF export, metrics.jsonl, logs and stats.json."""
 
     tracker: str = "wandb"
-    """"wandb" (W&B offline, under <output_path>/wandb), "json" (Levanter's JSON-lines log) or "none".
+    """"wandb" (W&B, offline unless configured: see wandb_mode(); files under <output_path>/wandb), "json" (Levanter's JSON-lines log) or "none".
     metrics.jsonl is written with any of them."""
 
     wandb_project: str = "marin"
@@ -201,6 +201,23 @@ class TrainConfig:
 
     require_accelerator: bool = False
     """Fail instead of training on CPU when no GPU/TPU is found."""
+
+
+def wandb_mode() -> str:
+    """Offline unless the user has configured W&B: `$WANDB_MODE` wins; an API key in
+    `$WANDB_API_KEY` or in ~/.netrc (what `wandb login` writes) means online."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        import netrc
+
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        pass
+    return "offline"
 
 
 def run_id(output_path: str) -> str:
@@ -356,7 +373,7 @@ def levanter_config(config: TrainConfig) -> TrainLmConfig:
 
     if config.tracker == "wandb":
         # W&B's directory can only be set through the environment (see `train`).
-        tracker: Any = WandbConfig(project=config.wandb_project, name=run, mode="offline", save_code=False)
+        tracker: Any = WandbConfig(project=config.wandb_project, name=run, mode=wandb_mode(), save_code=False)
     elif config.tracker == "json":
         tracker = JsonLoggerConfig()
     else:

@@ -308,3 +308,18 @@ def test_executor_info_base_path_moves_the_manifest(tmp_path):
     executor.run([write_step("a", 1)])
     assert os.path.dirname(executor.executor_info_path) == str(tmp_path / "manifests")
     assert os.path.exists(executor.executor_info_path)
+
+
+def test_steps_that_declare_resources_run_one_at_a_time_beside_light_steps(tmp_path):
+    seen, lock, active, release = [], threading.Lock(), [0], threading.Event()
+    heavy_probe = _concurrency_probe(seen, lock, active, release)
+    light_started = threading.Event()
+
+    def light(config):
+        light_started.set()
+
+    heavy = [write_step(f"heavy{i}", i, fn=heavy_probe, resources={"accelerator": "any"}) for i in range(3)]
+    executor = Executor(str(tmp_path), console=False)
+    executor.run([*heavy, write_step("light", 9, fn=light)], max_concurrent=4)
+    assert max(seen) == 1  # never two heavy steps at once
+    assert light_started.is_set()

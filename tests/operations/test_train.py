@@ -257,3 +257,21 @@ def test_metrics_file_on_an_object_store_is_rewritten_whole(tmp_path):
         {"step": 0, "train/loss": 2.5, "grad/norm/total": 3.0, "throughput/tokens_per_second": 100.0},
         {"step": 1, "train/loss": 2.0},
     ]
+
+
+def test_wandb_is_offline_unless_the_user_configured_it(monkeypatch, tmp_path):
+    from operations.train import wandb_mode
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled"
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.delenv("WANDB_API_KEY")
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    assert wandb_mode() == "online"

@@ -1,0 +1,117 @@
+"""Learning-rate sweep: three tiny Llamas sharing one tokenized dataset, a results table and
+a loss-curve picture.
+
+    python experiments/tutorials/lr_sweep.py           # data once, three trainings, three evals
+    python experiments/tutorials/lr_sweep.py           # again: everything cached
+
+The data steps are shared (built once), each learning rate gets its own training and eval
+step, and a final `analysis/lr-sweep` step writes `results.md` (the table, also printed)
+and `loss_curves.png` (train and eval loss of the three runs) under its output path.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+
+from executor import ExecutorStep, executor_main, this_output_path, versioned
+from experiments.tutorials.stdlib_data import build_steps
+from marin.defaults import default_eval, default_train
+from marin.models import MODELS, SimpleTrainConfig
+
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+
+
+@dataclass(frozen=True)
+class SweepReportConfig:
+    labels: tuple[str, ...]
+    """One label per run (e.g. "lr=0.003"), in the order of the paths below."""
+
+    train_paths: list
+    """Output paths of the training steps (metrics.jsonl inside)."""
+
+    eval_paths: list
+    """Output paths of the eval steps (results.json inside)."""
+
+    output_path: str
+    """Where results.md and loss_curves.png go."""
+
+
+def report_sweep(config: SweepReportConfig) -> None:
+    """Write the results table and the loss-curve picture of a sweep."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    from operations.train import read_metrics
+
+    os.makedirs(config.output_path, exist_ok=True)
+    rows = ["| run | final train loss | eval loss | bits per byte |", "|---|---|---|---|"]
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label, train_path, eval_path in zip(
+        config.labels, config.train_paths, config.eval_paths, strict=True
+    ):
+        metrics = read_metrics(train_path)
+        train = [(m["step"], m["train/loss"]) for m in metrics if "train/loss" in m]
+        evals = [(m["step"], m["eval/loss"]) for m in metrics if "eval/loss" in m]
+        line = axis.plot(*zip(*train, strict=True), label=f"{label} train", linewidth=1.2)[0]
+        if evals:
+            axis.plot(*zip(*evals, strict=True), "o--", color=line.get_color(), label=f"{label} eval")
+        with open(os.path.join(eval_path, "results.json")) as handle:
+            results = json.load(handle)
+        domain = next(iter(results["domains"].values()))
+        rows.append(f"| {label} | {train[-1][1]:.3f} | {domain['loss']:.3f} | {domain['bpb']:.3f} |")
+    axis.set_xlabel("step")
+    axis.set_ylabel("loss (nats/token)")
+    axis.set_title("Learning-rate sweep: llama_nano on the Python stdlib")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(os.path.join(config.output_path, "loss_curves.png"), dpi=120)
+    plt.close(figure)
+    table = "\n".join(rows) + "\n"
+    with open(os.path.join(config.output_path, "results.md"), "w") as handle:
+        handle.write(table)
+    print(table)
+
+
+def sweep_steps(learning_rates=LEARNING_RATES, max_files=None, steps=100, vocab_size=4096):
+    *_, tokenized = build_steps(max_files, vocab_size=vocab_size)
+    trains, evals, labels = [], [], []
+    for lr in learning_rates:
+        train_config = SimpleTrainConfig(
+            train_batch_size=8,
+            num_train_steps=steps,
+            learning_rate=lr,
+            steps_per_eval=max(steps // 5, 1),
+            max_eval_batches=8,
+            steps_per_checkpoint=steps,
+        )
+        trained = default_train(f"lr-sweep/nano-lr{lr:g}", tokenized, MODELS["llama_nano"], train_config)
+        trains.append(trained)
+        evals.append(
+            default_eval(f"lr-sweep/nano-lr{lr:g}", trained, {"stdlib": tokenized}, max_eval_batches=8)
+        )
+        labels.append(f"lr={lr:g}")
+    report = ExecutorStep(
+        name="analysis/lr-sweep",
+        fn=report_sweep,
+        config=SweepReportConfig(
+            labels=versioned(tuple(labels)),
+            train_paths=trains,
+            eval_paths=evals,
+            output_path=this_output_path(),
+        ),
+        description="Results table and loss curves of the learning-rate sweep",
+    )
+    return [*trains, *evals, report]
+
+
+if __name__ == "__main__":
+    steps = sweep_steps()
+    executor = executor_main(steps=steps, description="Learning-rate sweep of a tiny Llama")
+    report = executor.output_paths[steps[-1]]
+    if os.path.exists(os.path.join(report, "results.md")):
+        with open(os.path.join(report, "results.md")) as handle:
+            print(handle.read())
+        print(f"Loss curves: {report}/loss_curves.png")
