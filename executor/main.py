@@ -9,6 +9,7 @@ The prefix defaults to `$MARIN_PREFIX`, then to `./marin-output`.
 # No `from __future__ import annotations`: draccus reads the config annotation at run time.
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -44,7 +45,7 @@ class ExecutorMainConfig:
 
     run_only: Optional[list[str]] = None  # noqa: UP045
     """Regexes (matched from the start of step names): run only these steps and the blocking
-    dependencies they need that have not succeeded."""
+    dependencies they need that have not succeeded. One regex, or a list: '["a/.*", "b"]'."""
 
     max_concurrent: Optional[int] = None  # noqa: UP045
     """At most this many steps run at once in the driver (default 32)."""
@@ -54,9 +55,25 @@ def resolve_prefix(prefix: Optional[str]) -> str:  # noqa: UP045
     return prefix or os.environ.get("MARIN_PREFIX") or DEFAULT_PREFIX
 
 
+def _single_regex_as_list(argv: list[str]) -> list[str]:
+    """Let `--run_only 'tokenized/.*'` mean `--run_only '["tokenized/.*"]'` (draccus wants a list)."""
+    out = list(argv)
+    for index, arg in enumerate(out):
+        if arg == "--run_only" and index + 1 < len(out) and not out[index + 1].lstrip().startswith("["):
+            out[index + 1] = json.dumps([out[index + 1]])
+        elif arg.startswith("--run_only=") and not arg.split("=", 1)[1].lstrip().startswith("["):
+            out[index] = "--run_only=" + json.dumps([arg.split("=", 1)[1]])
+    return out
+
+
+def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):  # noqa: UP045
+    """Run `steps` with the flags given on the command line (see ExecutorMainConfig). Returns the Executor."""
+    sys.argv = _single_regex_as_list(sys.argv)
+    return _executor_main(steps=steps, description=description)
+
+
 @draccus.wrap()
-def executor_main(config: ExecutorMainConfig, steps: list[ExecutorStep], description: Optional[str] = None):  # noqa: UP045
-    """Run `steps` with the flags given on the command line. Returns the Executor."""
+def _executor_main(config: ExecutorMainConfig, steps: list[ExecutorStep], description: Optional[str] = None):  # noqa: UP045
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prefix = resolve_prefix(config.prefix)

@@ -72,6 +72,14 @@ def test_run_only_selects_steps_by_regex(tmp_path):
     assert [d.rsplit("-", 1)[0] for d in step_dirs(prefix)] == ["numbers"]
 
 
+def test_run_only_also_takes_a_single_regex(tmp_path):
+    prefix = str(tmp_path / "out")
+    run_script("--prefix", prefix, "--run_only", "hello_world/num.*", cwd=tmp_path)
+    assert [d.rsplit("-", 1)[0] for d in step_dirs(prefix)] == ["numbers"]
+    run_script(f"--prefix={prefix}", "--run_only=hello_world/stats", cwd=tmp_path)
+    assert [d.rsplit("-", 1)[0] for d in step_dirs(prefix)] == ["numbers", "stats"]
+
+
 def test_marin_prefix_is_the_default_prefix(tmp_path):
     prefix = str(tmp_path / "from-env")
     run_script(cwd=tmp_path, env_prefix=prefix)
