@@ -41,6 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from executor.diffing import diff_flat, flatten
 from executor.fingerprint import UnencodableValueError, canonical_json, encode, sha256_hex
 from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
 from executor.walker import map_markers
@@ -138,14 +139,6 @@ class StepGraph:
 
     def resolved(self, step: ExecutorStep) -> ResolvedStep:
         return self.by_declaration[id(step)]
-
-    def dependents(self) -> dict[str, list[str]]:
-        """Output path -> output paths of the steps that list it as a dependency."""
-        out: dict[str, list[str]] = {step.output_path: [] for step in self.steps}
-        for step in self.steps:
-            for dep in step.dependencies:
-                out[dep].append(step.output_path)
-        return out
 
 
 def validate_declaration(step: Any) -> None:
@@ -358,8 +351,6 @@ def _check_interchangeable(kept: ResolvedStep, other: ResolvedStep) -> None:
     if kept.step.fn is not other.step.fn:
         problems.append(f"different functions ({kept.fn_name} vs {other.fn_name})")
     if kept.config_digest != other.config_digest:
-        from executor.diffing import diff_flat, flatten
-
         changed = [
             entry.field for entry in diff_flat(flatten(kept.config_record), flatten(other.config_record))
         ]

@@ -19,6 +19,7 @@ not succeeded.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import time
@@ -79,9 +80,6 @@ class Plan:
     """Selected steps in topological order."""
 
     graph: StepGraph = field(repr=False)
-
-    def row(self, output_path: str) -> PlannedStep:
-        return next(row for row in self.rows if row.output_path == output_path)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -195,7 +193,7 @@ def make_plan(
                 path, version = previous
                 dep_names = [names.get(p, p) for p in step.dependencies]
                 reasons = diff_versions(version, step.version, dep_names)
-                row = _replace(row, why_new=tuple(reasons), previous_output=path)
+                row = dataclasses.replace(row, why_new=tuple(reasons), previous_output=path)
         pending = (
             [dep for dep in step.blocking_deps if dep in rows and rows[dep].action in _WILL_RUN]
             if row.action == Action.RUN
@@ -203,19 +201,13 @@ def make_plan(
         )
         if pending:
             verb = "runs elsewhere" if rows[pending[0]].action == Action.WAIT else "will run"
-            row = _replace(
+            row = dataclasses.replace(
                 row,
                 action=Action.BLOCKED,
                 reason=f"{row.reason}; after dependency {names[pending[0]]} {verb}",
             )
         rows[step.output_path] = row
     return Plan(rows=tuple(rows[s.output_path] for s in selected), graph=graph)
-
-
-def _replace(row: PlannedStep, **changes) -> PlannedStep:
-    import dataclasses
-
-    return dataclasses.replace(row, **changes)
 
 
 def _plan_step(

@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from executor.fingerprint import encode
 from executor.graph import ResolvedStep, join_path
 from executor.store import Store
 
@@ -181,8 +182,6 @@ def step_info_record(step: ResolvedStep, graph_names: dict[str, str]) -> dict[st
 
 
 def _plain(value: Any) -> Any:
-    from executor.fingerprint import encode
-
     return encode(value, strict=False)
 
 

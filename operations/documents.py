@@ -449,22 +449,25 @@ def _read_bytes(context: _Context, relative: str) -> bytes:
         return handle.read()
 
 
-def _read_text(context: _Context, relative: str) -> Iterator[dict[str, Any]]:
+def _read_nonempty_text(context: _Context, relative: str) -> str | None:
+    """The decoded file, or None after counting it as non-UTF-8 or empty."""
     text = context.decode(_read_bytes(context, relative), relative)
-    if text is None:
-        return
-    if not text.strip():
+    if text is not None and not text.strip():
         context.report.error("empty", relative)
+        return None
+    return text
+
+
+def _read_text(context: _Context, relative: str) -> Iterator[dict[str, Any]]:
+    text = _read_nonempty_text(context, relative)
+    if text is None:
         return
     yield context.document(relative, text, {"path": relative, "reader": "text"})
 
 
 def _read_html(context: _Context, relative: str) -> Iterator[dict[str, Any]]:
-    html = context.decode(_read_bytes(context, relative), relative)
+    html = _read_nonempty_text(context, relative)
     if html is None:
-        return
-    if not html.strip():
-        context.report.error("empty", relative)
         return
     metadata: dict[str, Any] = {"path": relative, "reader": "html"}
     if context.html_extractor == "trafilatura":

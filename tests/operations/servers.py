@@ -69,12 +69,11 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_http(directory: str | os.PathLike) -> Iterator[str]:
-    """Serve `directory` over HTTP on 127.0.0.1; yields the base URL (no trailing slash)."""
-    handler = functools.partial(_QuietHandler, directory=str(directory))
+def _serve(handler, name: str) -> Iterator[str]:
+    """Run an HTTP server on an ephemeral 127.0.0.1 port in a thread; yields its base URL."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="test-http-server", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -82,6 +81,14 @@ def serve_http(directory: str | os.PathLike) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def serve_http(directory: str | os.PathLike) -> Iterator[str]:
+    """Serve `directory` over HTTP on 127.0.0.1; yields the base URL (no trailing slash)."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    with _serve(handler, "test-http-server") as url:
+        yield url
 
 
 class _FakeHubHandler(http.server.BaseHTTPRequestHandler):
@@ -165,16 +172,8 @@ def serve_fake_hub(repos: dict[tuple[str, str], dict[str, dict[str, bytes]]]) ->
     repo_type is "dataset", "model" or "space". Use it as HfFileSystem's endpoint.
     """
     handler = type("FakeHubHandler", (_FakeHubHandler,), {"repos": repos})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="test-fake-hub", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with _serve(handler, "test-fake-hub") as url:
+        yield url
 
 
 SHARED_BUCKET = "tests"
