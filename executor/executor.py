@@ -142,6 +142,13 @@ class Executor:
                 write_experiment_info(
                     self.store, self.executor_info_path, graph, info, self.description, started
                 )
+                runner.run_record = {
+                    "experiment": self.executor_info_path,
+                    "script": script,
+                    "cwd": info["cwd"],
+                    "git": info["git"],
+                    "python": info["python"],
+                }
             summary = runner.run()
             outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
             nothing_ran = all(outcome == Outcome.SKIPPED for outcome in summary.outcomes.values())

@@ -137,6 +137,10 @@ class StepGraph:
     def by_path(self) -> dict[str, ResolvedStep]:
         return {step.output_path: step for step in self.steps}
 
+    @functools.cached_property
+    def names_by_path(self) -> dict[str, str]:
+        return {step.output_path: step.name for step in self.steps}
+
     def resolved(self, step: ExecutorStep) -> ResolvedStep:
         return self.by_declaration[id(step)]
 

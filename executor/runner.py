@@ -99,6 +99,7 @@ class Runner:
         emit: Callable[[Any], None],
         max_concurrent: int | None = None,
     ):
+        """`run_record`, set before `run()`, is recorded in every `.executor_info` written."""
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         self.plan = plan
@@ -108,7 +109,7 @@ class Runner:
         self.max_concurrent = max_concurrent or DEFAULT_MAX_CONCURRENT
         self._messages: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._names = {step.output_path: step.name for step in plan.graph.steps}
+        self.run_record: dict[str, Any] = {}
 
     # -- main thread ----------------------------------------------------------
     def lease_lost(self, output_path: str) -> None:
@@ -272,7 +273,7 @@ class Runner:
     def _run_holding_lease(self, row: PlannedStep) -> tuple[Outcome, str]:
         step, path, worker = row.step, row.output_path, self.leases.worker_id
         start = time.time()
-        write_info(self.store, step_info_record(step, self._names))
+        write_info(self.store, step_info_record(step, self.plan.graph, self.run_record))
         append_status(self.store, path, Status.RUNNING, None, worker)
         error: BaseException | None = None
         with capture_step_log(self.store, path) as log:

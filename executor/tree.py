@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from executor.fingerprint import encode
-from executor.graph import ResolvedStep, join_path
+from executor.graph import ResolvedStep, StepGraph, join_path
 from executor.store import Store
+from executor.template import encode_template
 
 INFO_FILE = ".executor_info"
 STATUS_FILE = ".executor_status"
@@ -158,11 +159,15 @@ def current_status(events: list[StatusEvent]) -> Status | None:
     return events[-1].status if events else None
 
 
-def step_info_record(step: ResolvedStep, graph_names: dict[str, str]) -> dict[str, Any]:
-    """The `.executor_info` JSON for a resolved step.
+def step_info_record(
+    step: ResolvedStep, graph: StepGraph, run_record: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The `.executor_info` JSON for a resolved step of `graph`.
 
-    `graph_names` maps output paths to step names, for naming dependencies.
+    `run_record` says where the run came from (experiment manifest, git state); with
+    `config_template` it is what `marin reproduce` needs to declare the step again.
     """
+    names = graph.names_by_path
     return {
         "name": step.name,
         "fn_name": step.fn_name,
@@ -172,10 +177,15 @@ def step_info_record(step: ResolvedStep, graph_names: dict[str, str]) -> dict[st
         "version": step.version,
         "version_hash": step.version_hash,
         "dependencies": [
-            {"name": graph_names.get(path), "output_path": path, "blocking": path in step.blocking_deps}
+            {"name": names.get(path), "output_path": path, "blocking": path in step.blocking_deps}
             for path in step.dependencies
         ],
         "output_path": step.output_path,
+        "override_output_path": step.step.override_output_path,
+        "config_template": encode_template(
+            step.step.config, lambda upstream: graph.resolved(upstream).output_path
+        ),
+        "run": run_record or {},
         "pip_dependency_groups": step.step.pip_dependency_groups,
         "resources": _plain(step.step.resources),
     }

@@ -1,0 +1,465 @@
+"""The `marin` command: look at, explain, reproduce and clean an output tree.
+
+    marin ls                         experiments and steps: status, age, duration, size
+    marin show <name|hash|path>      one step: info, config, version, history, lease, log, files
+    marin tree <experiment>          the experiment's DAG with each step's status
+    marin why <step>                 why this version's hash differs from the previous one
+    marin diff <a> <b>               the same, for any two outputs
+    marin reproduce <step> --prefix NEW   rebuild it into NEW and compare the outputs
+    marin gc [--yes]                 unreferenced, failed and abandoned outputs (delete with --yes)
+    marin browse [--port N]          the web browser
+
+The tree is read through the executor's store, so every command works on local disk
+and on fsspec storage (`s3://`, `gs://`). The prefix is `--prefix`, else
+`$MARIN_PREFIX`, else `./marin-output` (as for experiments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Sequence
+
+from executor.main import resolve_prefix
+from executor.store import StoreError
+from executor.template import TemplateError
+from marin.explain import explain, previous_version
+from marin.gc import delete_garbage, find_garbage
+from marin.outputs import OutputTree, RefError, StepOutput, human_size, iso_age
+from marin.reproduce import ReproduceError, reproduce, source_prefix
+
+STATUS_MARK = {"SUCCESS": "ok", "FAILED": "FAILED", "DEP_FAILED": "DEP_FAILED", "RUNNING": "running"}
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def _tree(args: argparse.Namespace) -> OutputTree:
+    prefix = resolve_prefix(args.prefix)
+    try:
+        tree = OutputTree(prefix)
+        tree.store.check_readable(tree.prefix)
+    except StoreError as error:
+        raise CliError(str(error)) from error
+    if tree.store.local_path(tree.prefix) is not None and not os.path.isdir(
+        tree.store.local_path(tree.prefix)
+    ):
+        raise CliError(
+            f"no output tree at {tree.prefix}: run an experiment first, or pass --prefix / set MARIN_PREFIX"
+        )
+    return tree
+
+
+# -- ls ------------------------------------------------------------------------
+def cmd_ls(args: argparse.Namespace) -> int:
+    tree = _tree(args)
+    steps = tree.steps
+    if args.status:
+        steps = [s for s in steps if s.status == args.status.upper()]
+    if args.name:
+        steps = [s for s in steps if args.name in s.relpath]
+    sizes = tree.sizes(steps) if not args.no_size else {}
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "prefix": tree.prefix,
+                    "experiments": [
+                        {
+                            "id": e.id,
+                            "path": e.path,
+                            "created": e.created,
+                            "steps": len(e.steps),
+                            "git": e.git,
+                        }
+                        for e in tree.experiments
+                    ],
+                    "steps": [
+                        {
+                            "name": s.name,
+                            "path": s.path,
+                            "hash": s.short_hash,
+                            "status": s.status,
+                            "finished": s.finished,
+                            "duration_s": s.duration_s,
+                            "size": sizes.get(s.path),
+                        }
+                        for s in steps
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"prefix: {tree.prefix}")
+    if not args.steps_only:
+        rows = []
+        for experiment in tree.experiments:
+            outcomes = Counter((entry.get("outcome") or "?") for entry in experiment.steps)
+            commit = (experiment.git.get("commit") or "")[:8] + (
+                "+dirty" if experiment.git.get("dirty") else ""
+            )
+            rows.append(
+                [
+                    experiment.id,
+                    iso_age(experiment.created),
+                    str(len(experiment.steps)),
+                    " ".join(f"{k}:{v}" for k, v in sorted(outcomes.items())),
+                    commit,
+                ]
+            )
+        print(f"\nexperiments ({len(rows)})")
+        print(_table(rows, ["EXPERIMENT", "RAN", "STEPS", "OUTCOMES", "GIT"]) if rows else "  (none)")
+    rows = [
+        [
+            s.status,
+            iso_age(s.last_event.date if s.last_event else None),
+            _duration(s.duration_s),
+            human_size(sizes.get(s.path)) if sizes else "",
+            s.relpath,
+        ]
+        for s in steps
+    ]
+    print(f"\nsteps ({len(rows)})")
+    print(_table(rows, ["STATUS", "AGE", "DURATION", "SIZE", "OUTPUT"]) if rows else "  (none)")
+    return 0
+
+
+# -- show ----------------------------------------------------------------------
+def cmd_show(args: argparse.Namespace) -> int:
+    tree = _tree(args)
+    step = _find(tree, args.ref)
+    info = step.info or {}
+    if args.json:
+        print(
+            json.dumps(
+                {"path": step.path, "info": info, "status": [e.__dict__ for e in step.history]},
+                default=str,
+                indent=2,
+            )
+        )
+        return 0
+    others = [s.relpath for s in tree.versions_of(step.name) if s.path != step.path]
+    print(f"{step.name}  [{step.status}]")
+    print(f"  output:      {step.path}")
+    print(f"  version:     {step.version_hash or '?'}")
+    print(f"  function:    {info.get('fn_name', '?')}")
+    if info.get("description"):
+        print(f"  description: {info['description']}")
+    if others:
+        print(f"  other versions: {', '.join(others)}")
+    run = info.get("run") or {}
+    if run.get("git"):
+        git = run["git"]
+        print(
+            f"  git:         {git.get('commit')} {'(dirty)' if git.get('dirty') else ''} {git.get('root') or ''}".rstrip()
+        )
+    if run.get("experiment"):
+        print(f"  experiment:  {run['experiment']}")
+    print("\ninputs:")
+    for dep in step.dependencies:
+        upstream = tree.by_path.get(dep.get("output_path"))
+        status = upstream.status if upstream else "missing"
+        blocking = "" if dep.get("blocking", True) else " (nonblocking)"
+        print(f"  {dep.get('name')}: {dep.get('output_path')} [{status}]{blocking}")
+    if not step.dependencies:
+        print("  (none)")
+    print("\nversion (what the hash covers):")
+    print(_indent(json.dumps(info.get("version", {}).get("config", {}), indent=2, sort_keys=True)))
+    print("\nconfig:")
+    print(_indent(json.dumps(info.get("config", {}), indent=2, sort_keys=True)))
+    print("\nstatus history:")
+    for event in step.history:
+        extra = ", ".join(f"{k}={v}" for k, v in sorted(event.extra.items()) if k in ("duration_s",))
+        print(
+            f"  {event.date}  {event.status.value:<10} {event.worker or ''} {event.message or ''} {extra}".rstrip()
+        )
+    lease = tree.lease(step)
+    if lease is not None:
+        print(
+            f"\nlease: held by {lease.worker} on {lease.host} (pid {lease.pid}), last heartbeat {iso_age(_iso(lease.heartbeat))}"
+        )
+    files = tree.files(step)
+    total = sum(size for _, size in files)
+    print(f"\nfiles ({len(files)}, {human_size(total)}):")
+    for rel, size in files[: args.files]:
+        print(f"  {human_size(size):>9}  {rel}")
+    if len(files) > args.files:
+        print(f"  ... {len(files) - args.files} more")
+    tail = tree.log_tail(step, max_bytes=args.log_bytes)
+    print("\nlog (tail):" if tail else "\nlog: (empty)")
+    if tail:
+        print(_indent(tail.rstrip()))
+    return 0
+
+
+def _iso(timestamp: float) -> str:
+    from executor.tree import utc_now_iso
+
+    return utc_now_iso(timestamp)
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def _find(tree: OutputTree, ref: str) -> StepOutput:
+    try:
+        return tree.find(ref)
+    except RefError as error:
+        raise CliError(str(error)) from error
+
+
+# -- tree ----------------------------------------------------------------------
+def cmd_tree(args: argparse.Namespace) -> int:
+    tree = _tree(args)
+    try:
+        experiment = (
+            tree.find_experiment(args.experiment) if args.experiment else (tree.experiments or [None])[0]
+        )
+    except RefError as error:
+        raise CliError(str(error)) from error
+    if experiment is None:
+        raise CliError(f"no experiments under {tree.prefix}")
+    pairs = tree.experiment_steps(experiment)
+    git = experiment.git
+    print(
+        f"{experiment.id}  ran {experiment.created} ({iso_age(experiment.created)})  git {(git.get('commit') or '?')[:8]}"
+    )
+    by_path = {entry["output_path"]: (entry, output) for entry, output in pairs if entry.get("output_path")}
+    children: dict[str, list[str]] = {path: [] for path in by_path}
+    for path, (entry, _) in by_path.items():
+        for dep in entry.get("dependencies") or []:
+            if dep in children:
+                children[dep].append(path)
+    roots = [
+        path
+        for path, (entry, _) in by_path.items()
+        if not [d for d in entry.get("dependencies") or [] if d in by_path]
+    ]
+    shown: set[str] = set()
+
+    def line(path: str, lead: str, branch: str) -> None:
+        entry, output = by_path[path]
+        status = output.status if output else "MISSING"
+        duration = _duration(output.duration_s) if output else ""
+        rel = tree.relpath(path)
+        if path in shown:
+            print(f"{lead}{branch}{rel}  (see above)")
+            return
+        shown.add(path)
+        print(f"{lead}{branch}{rel}  [{status}] {duration}".rstrip())
+        kids = children[path]
+        for index, kid in enumerate(kids):
+            last = index == len(kids) - 1
+            extension = "   " if branch in ("", "└─ ") else "│  "
+            line(kid, lead + (extension if branch else ""), "└─ " if last else "├─ ")
+
+    for root in roots:
+        line(root, "", "")
+    return 0
+
+
+# -- why / diff -------------------------------------------------------------------
+def cmd_why(args: argparse.Namespace) -> int:
+    tree = _tree(args)
+    step = _find(tree, args.ref)
+    other = _find(tree, args.against) if args.against else previous_version(tree, step)
+    if other is None:
+        print(f"{step.relpath} is the only output of {step.name}: no other version to compare with")
+        return 0
+    print(f"why {step.name} is {step.short_hash} and not {other.short_hash}:")
+    print("\n".join(explain(tree, other, step).lines("  ")))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    tree = _tree(args)
+    old, new = _find(tree, args.a), _find(tree, args.b)
+    print("\n".join(explain(tree, old, new).lines()))
+    return 0
+
+
+# -- reproduce -------------------------------------------------------------------
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    source = args.source
+    if source is None and ("://" in args.ref or args.ref.startswith("/") or os.path.isdir(args.ref)):
+        probe = OutputTree(
+            os.path.dirname(os.path.abspath(args.ref))
+            if "://" not in args.ref
+            else args.ref.rsplit("/", 1)[0]
+        )
+        step = probe.load_step(args.ref if "://" in args.ref else os.path.abspath(args.ref))
+        if step is not None and step.info:
+            source = source_prefix(step.path, step.info.get("name", "")) or probe.prefix
+    tree = _tree(argparse.Namespace(prefix=source))
+    try:
+        report = reproduce(tree, args.ref, args.prefix, allow_code_changes=args.allow_code_changes)
+    except (ReproduceError, TemplateError, RefError) as error:
+        raise CliError(str(error)) from error
+    print(f"\nreproduced {len(report.steps)} step(s) into {report.new_prefix}:")
+    for comparison in report.comparisons:
+        verdict = "equal" if comparison.equal else "DIFFERENT"
+        print(f"  {comparison.name}: {verdict} ({len(comparison.same)} identical file(s))")
+        for label, files in (
+            ("differs", comparison.different),
+            ("only in the original", comparison.only_original),
+            ("only in the reproduction", comparison.only_reproduced),
+            ("differs (internal resume state, not counted)", comparison.internal_different),
+        ):
+            for name in files:
+                print(f"      {label}: {name}")
+    print("result: outputs are identical" if report.equal else "result: outputs differ (files listed above)")
+    return 0 if report.equal else 1
+
+
+# -- gc --------------------------------------------------------------------------
+def cmd_gc(args: argparse.Namespace) -> int:
+    tree = _tree(args)
+    garbage = find_garbage(tree, lease_timeout=args.lease_timeout)
+    if not garbage:
+        print(f"nothing to collect under {tree.prefix}")
+        return 0
+    rows = [[human_size(item.size), item.step.relpath, item.reason] for item in garbage]
+    print(_table(rows, ["SIZE", "OUTPUT", "WHY"]))
+    total = sum(item.size for item in garbage)
+    if not args.yes:
+        print(f"\n{len(garbage)} output(s), {human_size(total)}; run again with --yes to delete them")
+        return 0
+    deleted = delete_garbage(tree, garbage, lease_timeout=args.lease_timeout)
+    skipped = len(garbage) - len(deleted)
+    print(
+        f"\ndeleted {len(deleted)} output(s), {human_size(sum(i.size for i in deleted))}"
+        + (f"; {skipped} started running and were kept" if skipped else "")
+    )
+    return 0
+
+
+# -- browse ------------------------------------------------------------------------
+def cmd_browse(args: argparse.Namespace) -> int:
+    from marin.web import start_server
+
+    tree = _tree(args)
+    server = start_server(tree.prefix, host=args.host, port=args.port)
+    print(f"browsing {tree.prefix} at {server.url} (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="marin", description=__doc__.split("\n\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--prefix", help="the output tree (default: $MARIN_PREFIX, else ./marin-output)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ls = commands.add_parser(
+        "ls", parents=[common], help="experiments and steps with status, age, duration, size"
+    )
+    ls.add_argument("--status", help="only steps with this status (SUCCESS, FAILED, RUNNING, DEP_FAILED)")
+    ls.add_argument("--name", help="only steps whose path contains this text")
+    ls.add_argument("--steps-only", action="store_true", help="leave out the experiments")
+    ls.add_argument("--no-size", action="store_true", help="skip computing sizes (faster on object stores)")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(fn=cmd_ls)
+
+    show = commands.add_parser("show", parents=[common], help="one step: info, config, history, log, files")
+    show.add_argument("ref", help="step name (its most recent output), hash prefix, or path")
+    show.add_argument("--files", type=int, default=30, help="how many files to list (default 30)")
+    show.add_argument("--log-bytes", type=int, default=4000, help="how much of the log's end to show")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(fn=cmd_show)
+
+    tree = commands.add_parser("tree", parents=[common], help="an experiment's DAG with statuses")
+    tree.add_argument("experiment", nargs="?", help="experiment id or script name (default: the most recent)")
+    tree.set_defaults(fn=cmd_tree)
+
+    why = commands.add_parser(
+        "why", parents=[common], help="why a step's hash differs from its previous version"
+    )
+    why.add_argument("ref", help="the step (name, hash or path)")
+    why.add_argument("--against", help="compare with this output instead of the most recent other version")
+    why.set_defaults(fn=cmd_why)
+
+    diff = commands.add_parser("diff", parents=[common], help="what differs between two outputs' versions")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.set_defaults(fn=cmd_diff)
+
+    repro = commands.add_parser(
+        "reproduce", help="rebuild a step and its upstream into a fresh prefix and compare the outputs"
+    )
+    repro.add_argument("ref", help="the step (name, hash, or its output path)")
+    repro.add_argument("--prefix", required=True, help="the NEW prefix to rebuild into (must differ)")
+    repro.add_argument(
+        "--from",
+        dest="source",
+        help="the tree the step is in (default: taken from a path ref, else $MARIN_PREFIX or ./marin-output)",
+    )
+    repro.add_argument(
+        "--allow-code-changes",
+        action="store_true",
+        help="go on when the code is not at the recorded git commit",
+    )
+    repro.set_defaults(fn=cmd_reproduce)
+
+    gc = commands.add_parser("gc", parents=[common], help="unreferenced, failed and abandoned outputs")
+    gc.add_argument("--yes", action="store_true", help="delete them (default: only list)")
+    gc.add_argument(
+        "--lease-timeout",
+        type=float,
+        default=None,
+        help="seconds after which a lease counts as dead (default 60)",
+    )
+    gc.set_defaults(fn=cmd_gc)
+
+    browse = commands.add_parser("browse", parents=[common], help="start the web browser and print its URL")
+    browse.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
+    browse.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    browse.set_defaults(fn=cmd_browse)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except CliError as error:
+        print(f"marin {args.command}: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""`marin gc`: outputs that nothing needs any more.
+
+Garbage is an output that no experiment manifest references, or one that failed
+(FAILED, DEP_FAILED), or one abandoned mid-run (RUNNING or no status, and no live
+lease). An output whose lease is live is being written right now and is never garbage.
+Successful outputs referenced by a manifest are never garbage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from executor.lease import LeaseConfig
+from marin.outputs import OutputTree, StepOutput
+
+
+@dataclass(frozen=True)
+class Garbage:
+    step: StepOutput
+    reason: str
+    size: int
+
+
+def find_garbage(
+    tree: OutputTree, lease_timeout: float | None = None, now: float | None = None
+) -> list[Garbage]:
+    """Collectable outputs with the reason and size of each, sorted by path."""
+    timeout = LeaseConfig().timeout if lease_timeout is None else lease_timeout
+    moment = time.time() if now is None else now
+    referenced = tree.referenced_paths()
+    found: list[tuple[StepOutput, str]] = []
+    for step in tree.steps:
+        lease = tree.lease(step)
+        if lease is not None and moment - lease.heartbeat <= timeout:
+            continue  # running now
+        if step.status in ("FAILED", "DEP_FAILED"):
+            message = step.last_event.message if step.last_event else None
+            found.append((step, f"{step.status.lower()}" + (f": {message}" if message else "")))
+        elif step.status in ("RUNNING", "UNKNOWN"):
+            found.append((step, "abandoned: no live lease and never finished"))
+        elif step.path not in referenced:
+            found.append((step, "not referenced by any experiment manifest"))
+    sizes = tree.sizes([step for step, _ in found])
+    return [Garbage(step, reason, sizes[step.path]) for step, reason in found]
+
+
+def delete_garbage(
+    tree: OutputTree, garbage: list[Garbage], lease_timeout: float | None = None
+) -> list[Garbage]:
+    """Delete each output unless a driver took its lease since it was listed; returns what was deleted."""
+    timeout = LeaseConfig().timeout if lease_timeout is None else lease_timeout
+    deleted = []
+    for item in garbage:
+        lease = tree.lease(item.step)
+        if lease is not None and time.time() - lease.heartbeat <= timeout:
+            continue
+        tree.store.delete_tree(item.step.path)
+        deleted.append(item)
+    return deleted

@@ -1,0 +1,439 @@
+"""Reading an output tree: the steps and experiments under a prefix.
+
+What the `marin` CLI and the web browser show, read through the executor's `Store`, so
+local disk, `memory://` and object stores (`s3://`, `gs://`) work alike.
+
+A step output is a directory holding `.executor_info` or `.executor_status`. Step
+names may contain `/`, so outputs sit at any depth (`tokenized/stdlib-1a2b3c4d`); the
+walk descends into ordinary directories (up to `MAX_DEPTH`) and never into a step's
+output. Outputs named by experiment manifests (e.g. `override_output_path` steps)
+are added even when the walk would not find them.
+
+On local disk reads are sequential (faster than a pool for small files); on object
+stores every listing level and every step's files are read in parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, TypeVar
+
+from executor.lease import LeaseRecord
+from executor.store import FileInfo, Store, normalize_prefix, open_store
+from executor.tree import (
+    INFO_FILE,
+    LEASE_FILE,
+    LOG_FILE,
+    STATUS_FILE,
+    StatusEvent,
+    info_path,
+    lease_path,
+    log_path,
+    parse_status,
+    status_path,
+)
+
+MAX_DEPTH = 6
+"""How many directory levels below the prefix the walk looks for step outputs."""
+
+EXPERIMENTS_DIR = "experiments"
+BOOKKEEPING = frozenset({INFO_FILE, STATUS_FILE, LEASE_FILE, LOG_FILE})
+_HASH_SUFFIX = re.compile(r"-([0-9a-f]{6,64})$")
+_HEX = re.compile(r"^[0-9a-f]{2,64}$")
+PARALLEL_READS = 32
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class RefError(LookupError):
+    """A step reference (name, hash or path) matches no output, or several."""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One step's output directory and its bookkeeping files."""
+
+    path: str
+    """Full output path (as the executor wrote it)."""
+
+    relpath: str
+    """Path relative to the prefix (`tokenized/stdlib-1a2b3c4d`)."""
+
+    info: dict[str, Any] | None
+    """`.executor_info`, or None when missing or unreadable."""
+
+    history: tuple[StatusEvent, ...]
+    """`.executor_status`, oldest first."""
+
+    @property
+    def name(self) -> str:
+        if self.info and self.info.get("name"):
+            return self.info["name"]
+        match = _HASH_SUFFIX.search(self.relpath)
+        return self.relpath[: match.start()] if match else self.relpath
+
+    @property
+    def short_hash(self) -> str:
+        match = _HASH_SUFFIX.search(self.relpath)
+        if match:
+            return match.group(1)
+        return (self.version_hash or "")[:8]
+
+    @property
+    def version_hash(self) -> str | None:
+        return (self.info or {}).get("version_hash")
+
+    @property
+    def status(self) -> str:
+        return self.history[-1].status.value if self.history else "UNKNOWN"
+
+    @property
+    def last_event(self) -> StatusEvent | None:
+        return self.history[-1] if self.history else None
+
+    @property
+    def started(self) -> str | None:
+        """Date of the most recent RUNNING event."""
+        for event in reversed(self.history):
+            if event.status.value == "RUNNING":
+                return event.date or None
+        return None
+
+    @property
+    def finished(self) -> str | None:
+        last = self.last_event
+        return last.date or None if last and last.status.value != "RUNNING" else None
+
+    @property
+    def duration_s(self) -> float | None:
+        last = self.last_event
+        value = last.extra.get("duration_s") if last else None
+        return float(value) if value is not None else None
+
+    @property
+    def dependencies(self) -> list[dict[str, Any]]:
+        return list((self.info or {}).get("dependencies") or [])
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment manifest (`<prefix>/experiments/<script>-<hash>.json`)."""
+
+    path: str
+    record: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return os.path.splitext(self.path.rstrip("/").rsplit("/", 1)[-1])[0]
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return list(self.record.get("steps") or [])
+
+    @property
+    def created(self) -> str:
+        return self.record.get("created_date") or ""
+
+    @property
+    def git(self) -> dict[str, Any]:
+        return self.record.get("git") or {}
+
+
+def iso_age(date: str | None, now: float | None = None) -> str:
+    """'3m ago'-style age of an ISO-8601 UTC date ('' when unknown)."""
+    seconds = iso_seconds(date)
+    if seconds is None:
+        return ""
+    delta = max(0.0, (now or time.time()) - seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if delta >= size:
+            return f"{int(delta // size)}{unit} ago"
+    return f"{int(delta)}s ago"
+
+
+def iso_seconds(date: str | None) -> float | None:
+    if not date:
+        return None
+    try:
+        base = time.strptime(date[:19], "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    fraction = float("0" + date[19:].rstrip("Z")) if date[19:20] == "." else 0.0
+    return time.mktime(base) - time.timezone + fraction
+
+
+def human_size(size: int | None) -> str:
+    if size is None:
+        return ""
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+class OutputTree:
+    """The steps and experiments under one prefix (read-only, cached per instance)."""
+
+    def __init__(self, prefix: str, store: Store | None = None):
+        self.prefix = normalize_prefix(prefix)
+        self.store = store or open_store(self.prefix)
+        self.local = self.store.local_path(self.prefix) is not None
+
+    # -- helpers --------------------------------------------------------------
+    def _map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        items = list(items)
+        if self.local or len(items) < 2:
+            return [fn(item) for item in items]
+        with ThreadPoolExecutor(min(PARALLEL_READS, len(items))) as pool:
+            return list(pool.map(fn, items))
+
+    def relpath(self, path: str) -> str:
+        return path[len(self.prefix) :].lstrip("/") if path.startswith(self.prefix) else path
+
+    def abspath(self, relpath: str) -> str:
+        return f"{self.prefix}/{relpath.strip('/')}" if relpath.strip("/") else self.prefix
+
+    def list_dir(self, path: str) -> list[FileInfo]:
+        local = self.store.local_path(path)
+        if local is None:
+            return self.store.list_dir(path)
+        try:
+            entries = list(os.scandir(local))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # follows symlinks, like a listing would show them
+                stat = entry.stat()
+            except OSError:
+                continue
+            out.append(
+                FileInfo(
+                    path=f"{path.rstrip('/')}/{entry.name}",
+                    name=entry.name,
+                    is_dir=is_dir,
+                    size=0 if is_dir else stat.st_size,
+                    mtime=stat.st_mtime,
+                )
+            )
+        return sorted(out, key=lambda info: info.name)
+
+    # -- steps ----------------------------------------------------------------
+    def load_step(self, path: str) -> StepOutput | None:
+        """The step output at `path`, or None if it holds no bookkeeping files."""
+        info_text = self.store.read_text(info_path(path))
+        status_text = self.store.read_text(status_path(path))
+        if info_text is None and status_text is None:
+            return None
+        info = None
+        if info_text is not None:
+            try:
+                info = json.loads(info_text)
+            except json.JSONDecodeError:
+                info = None
+        try:
+            history = tuple(parse_status(status_text))
+        except (ValueError, KeyError):
+            history = ()
+        return StepOutput(path=path, relpath=self.relpath(path), info=info, history=history)
+
+    @cached_property
+    def steps(self) -> list[StepOutput]:
+        """Every step output under the prefix, sorted by relative path."""
+        found: dict[str, StepOutput] = {}
+        level = [
+            entry for entry in self.list_dir(self.prefix) if entry.is_dir and entry.name != EXPERIMENTS_DIR
+        ]
+        for _depth in range(MAX_DEPTH):
+            if not level:
+                break
+            loaded = self._map(lambda entry: (entry, self.load_step(entry.path)), level)
+            descend = []
+            for entry, step in loaded:
+                if step is not None:
+                    found[step.path] = step
+                elif not entry.name.startswith("."):
+                    descend.append(entry)
+            listings = self._map(lambda entry: self.list_dir(entry.path), descend)
+            level = [child for listing in listings for child in listing if child.is_dir]
+        extra = {
+            entry["output_path"]
+            for experiment in self.experiments
+            for entry in experiment.steps
+            if entry.get("output_path") and entry["output_path"] not in found
+        }
+        for step in self._map(self.load_step, sorted(extra)):
+            if step is not None:
+                found[step.path] = step
+        return sorted(found.values(), key=lambda step: step.relpath)
+
+    @cached_property
+    def by_path(self) -> dict[str, StepOutput]:
+        return {step.path: step for step in self.steps}
+
+    def versions_of(self, name: str) -> list[StepOutput]:
+        """Outputs of the step `name`, most recent first."""
+        same = [step for step in self.steps if step.name == name]
+        return sorted(same, key=lambda step: step.last_event.date if step.last_event else "", reverse=True)
+
+    def find(self, ref: str) -> StepOutput:
+        """The one step output `ref` names: a path (full, or relative to the prefix, or a
+        file inside an output), `name-hash`, a hash prefix (4+ hex digits of the path hash or
+        the full version hash), or a step name (its most recent output).
+
+        Raises RefError naming the candidates when `ref` is ambiguous or matches nothing.
+        """
+        ref = ref.strip()
+        if not ref:
+            raise RefError("empty step reference: give a name, a hash or a path")
+        candidate_paths = [ref, self.abspath(ref)]
+        if "://" not in ref and not ref.startswith("/"):
+            candidate_paths.append(normalize_prefix(ref))
+        for path in candidate_paths:
+            path = path.rstrip("/")
+            while path and path.startswith(self.prefix) and len(path) > len(self.prefix):
+                if path in self.by_path:
+                    return self.by_path[path]
+                path = path.rsplit("/", 1)[0]
+        by_name = self.versions_of(ref)
+        if by_name:
+            return by_name[0]
+        if _HEX.match(ref):
+            matches = [
+                step
+                for step in self.steps
+                if step.short_hash.startswith(ref) or (step.version_hash or "").startswith(ref)
+            ]
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                listing = "\n".join(f"  {step.relpath}  ({step.status})" for step in matches[:20])
+                raise RefError(
+                    f"hash {ref!r} is ambiguous: {len(matches)} outputs match; give more digits:\n{listing}"
+                )
+        suggestions = [step.relpath for step in self.steps if ref in step.relpath][:10]
+        hint = ("\ndid you mean:\n" + "\n".join(f"  {s}" for s in suggestions)) if suggestions else ""
+        raise RefError(f"no step output matches {ref!r} under {self.prefix}{hint}")
+
+    def lease(self, step: StepOutput) -> LeaseRecord | None:
+        return LeaseRecord.parse(self.store.read_bytes(lease_path(step.path)))
+
+    def log_tail(self, step: StepOutput, max_bytes: int = 8192) -> str | None:
+        """The last `max_bytes` of the step's log, without reading it whole where possible."""
+        path = log_path(step.path)
+        local = self.store.local_path(path)
+        try:
+            if local is not None:
+                with open(local, "rb") as handle:
+                    handle.seek(0, os.SEEK_END)
+                    size = handle.tell()
+                    handle.seek(max(0, size - max_bytes))
+                    data = handle.read()
+            else:
+                fs_path = self.store._fs_path(path)
+                size = self.store.fs.size(fs_path)
+                data = self.store.fs.cat_file(fs_path, start=max(0, size - max_bytes))
+        except (FileNotFoundError, OSError):
+            return None
+        text = data.decode("utf-8", errors="replace")
+        if size > max_bytes:
+            text = text.split("\n", 1)[-1]
+        return text
+
+    def files(self, step: StepOutput, include_bookkeeping: bool = False) -> list[tuple[str, int]]:
+        """(path relative to the step output, size) of every file in the output."""
+        out: list[tuple[str, int]] = []
+        local = self.store.local_path(step.path)
+        if local is not None:
+            for root, dirs, names in os.walk(local):
+                dirs.sort()
+                for name in sorted(names):
+                    rel = os.path.relpath(os.path.join(root, name), local)
+                    if not include_bookkeeping and rel in BOOKKEEPING:
+                        continue
+                    try:
+                        out.append((rel, os.path.getsize(os.path.join(root, name))))
+                    except OSError:
+                        continue
+            return out
+        fs = self.store.fs
+        base = fs._strip_protocol(self.store._fs_path(step.path)).rstrip("/")
+        try:
+            found = fs.find(base, detail=True)
+        except FileNotFoundError:
+            return []
+        for name, entry in sorted(found.items()):
+            rel = name[len(base) :].lstrip("/")
+            if not rel or (not include_bookkeeping and rel in BOOKKEEPING):
+                continue
+            out.append((rel, int(entry.get("size") or 0)))
+        return out
+
+    def size(self, step: StepOutput) -> int:
+        return sum(size for _rel, size in self.files(step, include_bookkeeping=True))
+
+    def sizes(self, steps: list[StepOutput]) -> dict[str, int]:
+        """Total bytes per step output (parallel on object stores)."""
+        return dict(zip([s.path for s in steps], self._map(self.size, steps), strict=True))
+
+    # -- experiments ----------------------------------------------------------
+    @cached_property
+    def experiments(self) -> list[Experiment]:
+        """Experiment manifests, most recent first."""
+        base = f"{self.prefix}/{EXPERIMENTS_DIR}"
+        entries = [e for e in self.list_dir(base) if not e.is_dir and e.name.endswith(".json")]
+
+        def load(entry: FileInfo) -> Experiment | None:
+            text = self.store.read_text(entry.path)
+            try:
+                record = json.loads(text) if text else None
+            except json.JSONDecodeError:
+                record = None
+            return Experiment(entry.path, record) if isinstance(record, dict) else None
+
+        loaded = [exp for exp in self._map(load, entries) if exp is not None]
+        return sorted(loaded, key=lambda exp: exp.created, reverse=True)
+
+    def find_experiment(self, ref: str) -> Experiment:
+        """An experiment by id (`quickstart-1a2b3c4d`), id prefix, script name or manifest path."""
+        ref = ref.strip().removesuffix(".json")
+        exact = [exp for exp in self.experiments if exp.id == ref or exp.path.removesuffix(".json") == ref]
+        if exact:
+            return exact[0]
+        by_script = [exp for exp in self.experiments if exp.id.rsplit("-", 1)[0] == ref]
+        if by_script:
+            return by_script[0]  # most recent run of that script
+        partial = [exp for exp in self.experiments if exp.id.startswith(ref)]
+        if len(partial) == 1:
+            return partial[0]
+        names = "\n".join(f"  {exp.id}" for exp in (partial or self.experiments)[:20])
+        what = "is ambiguous" if partial else "matches no experiment"
+        raise RefError(f"{ref!r} {what} under {self.prefix}; experiments:\n{names or '  (none)'}")
+
+    def experiment_steps(self, experiment: Experiment) -> list[tuple[dict[str, Any], StepOutput | None]]:
+        """(manifest entry, the output as it is now or None if gone) per step of `experiment`."""
+        entries = experiment.steps
+        if "steps" in self.__dict__:
+            loaded = [self.by_path.get(entry.get("output_path", "")) for entry in entries]
+        else:  # read only this experiment's steps, not the whole tree
+            loaded = self._map(lambda entry: self.load_step(entry.get("output_path", "")), entries)
+        return list(zip(entries, loaded, strict=True))
+
+    def referenced_paths(self) -> set[str]:
+        return {
+            entry["output_path"]
+            for experiment in self.experiments
+            for entry in experiment.steps
+            if entry.get("output_path")
+        }
