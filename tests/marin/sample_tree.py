@@ -118,3 +118,32 @@ def run(prefix: str, learning_rate: float = 0.01, seed: int = 0) -> Executor:
     executor = Executor(prefix, lease_config=FAST_LEASES, console=False)
     executor.run(build_steps(learning_rate, seed))
     return executor
+
+
+@dataclass(frozen=True)
+class NoteConfig:
+    output_path: str
+    text: str = "hello"
+    """Written to note.txt (versioned by the steps below)."""
+
+
+def write_note(config: NoteConfig) -> None:
+    """Writes through fsspec, so the step works on any storage (the S3 tests use it)."""
+    import fsspec
+
+    with fsspec.open(f"{config.output_path}/note.txt", "w") as handle:
+        handle.write(config.text + "\n")
+
+
+def fail_always(config: NoteConfig) -> None:
+    raise RuntimeError(f"planted failure for {config.text}")
+
+
+def note_steps(text: str = "hello") -> list[ExecutorStep]:
+    first = ExecutorStep(
+        name="notes/first", fn=write_note, config=NoteConfig(this_output_path(), versioned(text))
+    )
+    second = ExecutorStep(
+        name="notes/second", fn=write_note, config=NoteConfig(this_output_path(), versioned(text + "!"))
+    )
+    return [first, second]
