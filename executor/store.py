@@ -62,9 +62,9 @@ class Store:
 
     # -- reads ----------------------------------------------------------------
     def read_bytes(self, path: str) -> bytes | None:
+        # cat_file is one GET on object stores; open() would first ask for the size (HEAD).
         try:
-            with self.fs.open(self._fs_path(path), "rb") as handle:
-                return handle.read()
+            return self.fs.cat_file(self._fs_path(path))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 

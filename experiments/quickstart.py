@@ -75,8 +75,8 @@ def summary(executor, steps) -> str:
         f"  held-out:      loss {stdlib['loss']:.3f}, {stdlib['bpb']:.3f} bits per byte",
         "  outputs:",
         *(f"    {name:<10} {path}" for name, path in out.items()),
-        f"  browse:        ls {executor.prefix}; each step has .executor_info, .executor_status,",
-        "                 .executor_log and stats.json; loss curve: <train>/metrics.jsonl",
+        f"  browse:        marin browse --prefix {executor.prefix}   (web: DAG, files, loss curves)",
+        f"                 marin ls --prefix {executor.prefix}       (marin show/why/reproduce/gc: docs/cli.md)",
     ]
     return "\n".join(lines)
 
