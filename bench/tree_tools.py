@@ -9,7 +9,7 @@ step writing one small file), then times, each --repeats times, median reported:
 - `marin ls` in-process (a fresh `OutputTree` each time: walking, reading every step's
   info and status, sizes);
 - `marin ls --no-size`, in-process;
-- the experiment page (`GET /experiment/<id>`) and the experiments list (`GET /`) of
+- the experiment page (`GET /exp/<id>`), the experiments list (`GET /`) and all steps (`GET /steps`) of
   `marin browse`, each request on a fresh server so nothing is cached between them.
 
 With a SeaweedFS S3 server (the tests' `weed mini`; skipped with --no-s3 or when the
@@ -82,11 +82,12 @@ def build_steps(size: int) -> list[ExecutorStep]:
 
 
 def timed(fn, repeats: int) -> list[float]:
+    """Wall time of each call, or what the call returns when it times itself."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        own = fn()
+        times.append(own if isinstance(own, float) else time.perf_counter() - start)
     return times
 
 
@@ -105,24 +106,27 @@ def ls_subprocess(prefix: str) -> None:
     )
 
 
-def page_once(prefix: str, path_of) -> None:
+def page_once(prefix: str, path_of) -> float:
     from marin.web import start_server
 
     server = start_server(prefix, port=0).start_in_thread()
     try:
+        start = time.perf_counter()
         with urllib.request.urlopen(server.url.rstrip("/") + path_of(), timeout=60) as response:
             body = response.read()
+        elapsed = time.perf_counter() - start
         if response.status != 200 or not body:
             raise RuntimeError(f"page {path_of()} answered {response.status}")
     finally:
-        server.shutdown()
+        server.shutdown()  # not timed: it waits for the serving loop's poll interval
+    return elapsed
 
 
 def experiment_url(prefix: str) -> str:
     from urllib.parse import quote
 
     experiment = outputs.OutputTree(prefix).experiments[0]
-    return f"/experiment/{quote(experiment.id)}"
+    return f"/exp/{quote(experiment.id)}"
 
 
 def s3_figures(local_prefix: str, repeats: int) -> dict[str, list[float]] | None:
@@ -183,6 +187,7 @@ def main() -> None:
             url = experiment_url(prefix)
             rows["experiment page (GET)"] = timed(lambda: page_once(prefix, lambda: url), args.repeats)
             rows["experiments list (GET /)"] = timed(lambda: page_once(prefix, lambda: "/"), args.repeats)
+            rows["all steps (GET /steps)"] = timed(lambda: page_once(prefix, lambda: "/steps"), args.repeats)
         except ImportError as error:
             print(f"(browser pages skipped: {error})", file=sys.stderr)
         if not args.no_s3:

@@ -28,7 +28,7 @@ from executor.store import StoreError
 from executor.template import TemplateError
 from marin.explain import explain, previous_version
 from marin.gc import delete_garbage, find_garbage
-from marin.outputs import OutputTree, RefError, StepOutput, human_size, iso_age
+from marin.outputs import OutputTree, RefError, StepOutput, human_duration, human_size, iso_age
 from marin.reproduce import ReproduceError, reproduce, source_prefix
 
 STATUS_MARK = {"SUCCESS": "ok", "FAILED": "FAILED", "DEP_FAILED": "DEP_FAILED", "RUNNING": "running"}
@@ -36,16 +36,6 @@ STATUS_MARK = {"SUCCESS": "ok", "FAILED": "FAILED", "DEP_FAILED": "DEP_FAILED", 
 
 class CliError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -138,7 +128,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         [
             s.status,
             iso_age(s.last_event.date if s.last_event else None),
-            _duration(s.duration_s),
+            human_duration(s.duration_s),
             human_size(sizes.get(s.path)) if sizes else "",
             s.relpath,
         ]
@@ -266,7 +256,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     def line(path: str, lead: str, branch: str) -> None:
         entry, output = by_path[path]
         status = output.status if output else "MISSING"
-        duration = _duration(output.duration_s) if output else ""
+        duration = human_duration(output.duration_s) if output else ""
         rel = tree.relpath(path)
         if path in shown:
             print(f"{lead}{branch}{rel}  (see above)")

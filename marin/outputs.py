@@ -170,6 +170,16 @@ def iso_seconds(date: str | None) -> float | None:
     return time.mktime(base) - time.timezone + fraction
 
 
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
 def human_size(size: int | None) -> str:
     if size is None:
         return ""

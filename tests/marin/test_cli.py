@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import pytest
 
@@ -369,3 +370,24 @@ def test_marin_command_is_installed():
     assert result.returncode == 0
     for command in ("ls", "show", "tree", "why", "diff", "reproduce", "gc", "browse"):
         assert command in result.stdout
+
+
+def test_marin_browse_prints_its_url_and_serves_the_tree(tree_prefix):
+    marin_command = os.path.join(os.path.dirname(sys.executable), "marin")
+    process = subprocess.Popen(
+        [marin_command, "browse", "--prefix", tree_prefix, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        match = re.search(r"(http://127\.0\.0\.1:\d+)/?", line)
+        assert match, line
+        with urllib.request.urlopen(match.group(1) + "/", timeout=30) as response:
+            page = response.read().decode()
+        assert response.status == 200
+        assert OutputTree(tree_prefix).experiments[0].id in page
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -1,0 +1,338 @@
+"""Paged reads of output files: only the requested page is read, never a file whole.
+
+- JSON lines (`.jsonl`, `.ndjson`, also gzip / zstd / bz2 / xz compressed) and any
+  compressed text: the page is a range of lines; the reader streams and stops after the
+  page (lines past the offset are decompressed and skipped, not kept).
+- Parquet: the page is a range of rows; only the row groups that hold it are read, in
+  batches (`pyarrow.parquet.ParquetFile.iter_batches`).
+- Plain text and large JSON: the page is a byte range (seek + read), cut at a newline.
+- Small JSON (up to `JSON_PRETTY_MAX` bytes): pretty-printed whole.
+- Anything else that looks binary (NUL bytes, undecodable UTF-8): "binary, N bytes".
+
+Every single line is capped at `MAX_LINE_BYTES`: the rest of a longer line is skipped
+in chunks, so one huge line cannot make the server hold it.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import gzip
+import io
+import json
+import lzma
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from executor.store import Store
+
+from .safety import Target
+
+LINES_PER_PAGE = 50
+MAX_LINES_PER_PAGE = 1000
+TEXT_PAGE_BYTES = 64 * 1024
+MAX_LINE_BYTES = 1 << 20
+JSON_PRETTY_MAX = 1 << 20
+SNIFF_BYTES = 8192
+COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
+JSON_LINES = (".jsonl", ".ndjson", ".json")
+BINARY_SUFFIXES = (
+    ".npz",
+    ".npy",
+    ".bin",
+    ".safetensors",
+    ".pt",
+    ".pth",
+    ".msgpack",
+    ".arrow",
+    ".zip",
+    ".tar",
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".gif",
+    ".pdf",
+    ".pkl",
+    ".pickle",
+    ".ckpt",
+    ".ocdbt",
+    ".so",
+)
+
+
+@dataclass
+class Page:
+    """One page of a file, as the viewer shows it."""
+
+    kind: str
+    """'lines' (JSON or text lines), 'text' (a byte range), 'json' (whole, pretty),
+    'table' (parquet rows), 'binary' or 'empty'."""
+
+    offset: int
+    """First line / byte / row of the page."""
+
+    next_offset: int | None = None
+    prev_offset: int | None = None
+    lines: list[tuple[int, str, bool]] = field(default_factory=list)
+    """(line number, text, cut) for 'lines'; cut when the line was longer than the cap."""
+
+    text: str = ""
+    columns: list[str] = field(default_factory=list)
+    rows: list[list[Any]] = field(default_factory=list)
+    total: int | None = None
+    """Rows of a parquet file; bytes of a text file."""
+
+    size: int | None = None
+    """Bytes on storage."""
+
+    note: str = ""
+
+
+def compression_of(name: str) -> str | None:
+    for suffix, kind in COMPRESSION.items():
+        if name.endswith(suffix):
+            return kind
+    return None
+
+
+def base_name(name: str) -> str:
+    """`shard-00000.jsonl.gz` -> `shard-00000.jsonl`."""
+    for suffix in COMPRESSION:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def is_json_lines(name: str) -> bool:
+    base = base_name(name)
+    return base.endswith((".jsonl", ".ndjson")) or (
+        base.endswith(".json") and compression_of(name) is not None
+    )
+
+
+@contextlib.contextmanager
+def open_raw(store: Store, target: Target) -> Iterator[IO[bytes]]:
+    """The file's bytes as a seekable stream (local file, or fsspec's block-cached reader)."""
+    if target.local is not None:
+        with open(target.local, "rb") as handle:
+            yield handle
+    else:
+        with store.fs.open(store._fs_path(target.path), "rb") as handle:
+            yield handle
+
+
+def decompressed(raw: IO[bytes], kind: str | None) -> IO[bytes]:
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if kind == "zstd":
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+    if kind == "bz2":
+        return bz2.BZ2File(raw, mode="rb")
+    if kind == "xz":
+        return lzma.LZMAFile(raw, mode="rb")
+    return raw
+
+
+def read_line(stream: IO[bytes], cap: int = MAX_LINE_BYTES) -> tuple[bytes, bool] | None:
+    """The next line (without its newline), at most `cap` bytes of it; None at the end."""
+    head = stream.readline(cap)
+    if not head:
+        return None
+    if head.endswith(b"\n") or len(head) < cap:
+        return head.rstrip(b"\r\n"), False
+    while True:  # skip the rest of an over-long line without keeping it
+        rest = stream.readline(cap)
+        if not rest or rest.endswith(b"\n"):
+            return head, True
+
+
+def iter_lines(stream: IO[bytes], start: int = 0) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, bytes, cut) from line `start` on; earlier lines are read and dropped."""
+    number = 0
+    while True:
+        line = read_line(stream)
+        if line is None:
+            return
+        if number >= start:
+            yield number, line[0], line[1]
+        number += 1
+
+
+def file_size(store: Store, target: Target) -> int | None:
+    try:
+        if target.local is not None:
+            import os
+
+            return os.path.getsize(target.local)
+        return int(store.fs.size(store._fs_path(target.path)))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def looks_binary(sample: bytes) -> bool:
+    if b"\x00" in sample:
+        return True
+    try:
+        sample.decode("utf-8")
+    except UnicodeDecodeError as error:
+        # A multi-byte character cut by the sample's end is still text.
+        return error.start < len(sample) - 3
+    return False
+
+
+def read_page(store: Store, target: Target, offset: int = 0, limit: int = LINES_PER_PAGE) -> Page:
+    """The page of `target` starting at `offset` (line, byte or row, by file kind)."""
+    name = target.relpath.rsplit("/", 1)[-1]
+    size = file_size(store, target)
+    offset = max(0, offset)
+    limit = max(1, min(limit, MAX_LINES_PER_PAGE))
+    if size == 0:
+        return Page("empty", 0, size=0, note="empty file")
+    base = base_name(name).lower()
+    if base.endswith(".parquet"):
+        return _parquet_page(store, target, offset, limit, size)
+    kind = compression_of(name)
+    if kind is None and base.endswith(BINARY_SUFFIXES):
+        return Page("binary", 0, size=size, note=f"binary, {size} bytes")
+    if kind is None and base.endswith(".json") and size is not None and size <= JSON_PRETTY_MAX:
+        page = _json_page(store, target, size)
+        if page is not None:
+            return page
+    if kind is not None or is_json_lines(name):
+        return _lines_page(store, target, kind, offset, limit, size)
+    return _text_page(store, target, offset, size)
+
+
+def _json_page(store: Store, target: Target, size: int) -> Page | None:
+    with open_raw(store, target) as raw:
+        data = raw.read(JSON_PRETTY_MAX + 1)
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None  # not JSON after all: shown as text
+    return Page("json", 0, text=json.dumps(value, indent=2, ensure_ascii=False), size=size)
+
+
+def _lines_page(
+    store: Store, target: Target, kind: str | None, offset: int, limit: int, size: int | None
+) -> Page:
+    lines: list[tuple[int, str, bool]] = []
+    more = False
+    try:
+        with open_raw(store, target) as raw:
+            stream = decompressed(raw, kind)
+            sample = stream.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(stream, "peek") else b""
+            if sample and looks_binary(sample):
+                return Page("binary", 0, size=size, note=f"binary, {size} bytes ({kind or 'uncompressed'})")
+            for number, data, cut in iter_lines(stream, offset):
+                if len(lines) == limit:
+                    more = True
+                    break
+                lines.append((number, data.decode("utf-8", errors="replace"), cut))
+    except (OSError, EOFError, lzma.LZMAError, ValueError) as error:
+        if not lines:
+            return Page("binary", 0, size=size, note=f"cannot read as {kind or 'text'}: {error}")
+        more = False
+    return Page(
+        "lines",
+        offset,
+        next_offset=offset + len(lines) if more else None,
+        prev_offset=max(0, offset - limit) if offset > 0 else None,
+        lines=lines,
+        size=size,
+        note="" if lines or offset == 0 else "no lines at this offset",
+    )
+
+
+def _text_page(store: Store, target: Target, offset: int, size: int | None) -> Page:
+    with open_raw(store, target) as raw:
+        if offset == 0:
+            sample = raw.read(SNIFF_BYTES)
+            if looks_binary(sample):
+                return Page("binary", 0, size=size, note=f"binary, {size} bytes")
+        raw.seek(offset)
+        data = raw.read(TEXT_PAGE_BYTES)
+    end = offset + len(data)
+    at_end = size is not None and end >= size
+    if not at_end and b"\n" in data:
+        cut = data.rindex(b"\n") + 1
+        data, end = data[:cut], offset + cut
+    return Page(
+        "text",
+        offset,
+        next_offset=None if at_end or not data else end,
+        prev_offset=max(0, offset - TEXT_PAGE_BYTES) if offset > 0 else None,
+        text=data.decode("utf-8", errors="replace"),
+        total=size,
+        size=size,
+    )
+
+
+def _parquet_page(store: Store, target: Target, offset: int, limit: int, size: int | None) -> Page:
+    import pyarrow.parquet as pq
+
+    with open_raw(store, target) as raw:
+        try:
+            parquet = pq.ParquetFile(raw)
+        except Exception as error:  # pyarrow raises its own error types for bad files
+            return Page("binary", 0, size=size, note=f"not a readable parquet file: {error}")
+        total = parquet.metadata.num_rows
+        columns = list(parquet.schema_arrow.names)
+        groups, skip, seen = [], 0, 0
+        for index in range(parquet.num_row_groups):
+            count = parquet.metadata.row_group(index).num_rows
+            if seen + count > offset and seen < offset + limit:
+                if not groups:
+                    skip = offset - seen
+                groups.append(index)
+            seen += count
+        rows: list[list[Any]] = []
+        if groups:
+            for batch in parquet.iter_batches(batch_size=max(limit, 1024), row_groups=groups):
+                records = batch.to_pylist()
+                if skip >= len(records):
+                    skip -= len(records)
+                    continue
+                for record in records[skip:]:
+                    rows.append([record.get(column) for column in columns])
+                    if len(rows) == limit:
+                        break
+                skip = 0
+                if len(rows) == limit:
+                    break
+    return Page(
+        "table",
+        offset,
+        next_offset=offset + len(rows) if offset + len(rows) < total else None,
+        prev_offset=max(0, offset - limit) if offset > 0 else None,
+        columns=columns,
+        rows=rows,
+        total=total,
+        size=size,
+    )
+
+
+def read_head(store: Store, target: Target, max_bytes: int) -> tuple[str, bool]:
+    """The first `max_bytes` of a file as text, and whether there was more."""
+    with open_raw(store, target) as raw:
+        data = raw.read(max_bytes + 1)
+    return data[:max_bytes].decode("utf-8", errors="replace"), len(data) > max_bytes
+
+
+def iter_records(store: Store, target: Target, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """(line number, parsed JSON object or None) of a JSON-lines file, streamed."""
+    name = target.relpath.rsplit("/", 1)[-1]
+    with open_raw(store, target) as raw:
+        stream = decompressed(raw, compression_of(name))
+        for number, data, cut in iter_lines(stream, start):
+            record = None
+            if not cut:
+                try:
+                    value = json.loads(data)
+                    record = value if isinstance(value, dict) else None
+                except ValueError:
+                    record = None
+            yield number, record

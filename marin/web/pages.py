@@ -1,0 +1,891 @@
+"""The browser's pages: routing, reading the tree for one request, rendering HTML.
+
+URL scheme (every `<rel>` is a path relative to the prefix, checked by `safety`):
+
+    /                         experiments (from their manifests)
+    /steps                    every step output under the prefix
+    /exp/<id>                 an experiment: DAG picture and table of its steps
+    /step/<rel>               a step output: info, config, version, history, lease, log, files
+    /train/<rel>              a training step: loss / eval curves, eval results
+    /file/<rel>?offset=N      a file, one page at a time (or a directory listing)
+    /compare/<rel>?offset=N   the documents of one shard across consecutive steps
+    /raw/<rel>                the file's bytes (streamed, as text/plain or octet-stream)
+
+Each request reads the tree afresh (nothing is cached between requests, so a page is
+never stale while a run writes), and within a request each step's bookkeeping is read
+once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from executor.store import Store, normalize_prefix, open_store
+from executor.tree import INFO_FILE, LEASE_FILE, LOG_FILE, STATUS_FILE
+from marin.outputs import Experiment, OutputTree, StepOutput, human_duration, human_size, iso_age
+
+from . import files as filepages
+from .html import badge, esc, kv, link, num, page, pager, pretty_json, table, url
+from .safety import PrefixGuard, Refused, Target, check_relpath, decode_path
+from .svg import Node, dag_svg, line_chart
+
+FILES_PER_PAGE = 300
+DIR_ENTRIES_PER_PAGE = 500
+DOCS_PER_PAGE = 20
+MAX_DOCS_PER_PAGE = 200
+DOC_TEXT_CHARS = 1500
+RAW_SOURCE_BYTES = 4000
+SMALL_JSON_BYTES = 1 << 20
+CHAIN_LIMIT = 12
+STREAM_CHUNK = 1 << 16
+METRIC_KEYS = ("train/loss", "eval/loss", "optim/learning_rate")
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/html; charset=utf-8"
+    headers: dict[str, str] = field(default_factory=dict)
+    stream: Callable[[], Iterator[bytes]] | None = None
+    """For large bodies: chunks written one at a time (`body` is then unused)."""
+
+    length: int | None = None
+
+
+class _Tree(OutputTree):
+    """An OutputTree for one request: each step read once, and only under the prefix."""
+
+    def __init__(self, prefix: str, store: Store, guard: PrefixGuard):
+        super().__init__(prefix, store)
+        self.guard = guard
+        self._loaded: dict[str, StepOutput | None] = {}
+
+    def load_step(self, path: str) -> StepOutput | None:
+        if path in self._loaded:
+            return self._loaded[path]
+        step = None
+        target = self.guard.resolve_recorded(path)
+        if target is not None and self._bookkeeping_inside(target):
+            step = super().load_step(target.path)
+        self._loaded[path] = step
+        return step
+
+    def _bookkeeping_inside(self, target: Target) -> bool:
+        """A symlinked `.executor_info` pointing out of the prefix is not read."""
+        if target.local is None:
+            return True
+        try:
+            for name in (INFO_FILE, STATUS_FILE):
+                self.guard.resolve(f"{target.relpath}/{name}")
+        except Refused:
+            return False
+        return True
+
+
+def _int(params: dict[str, list[str]], key: str, default: int, high: int = 1 << 62) -> int:
+    values = params.get(key)
+    if not values:
+        return default
+    try:
+        return max(0, min(high, int(values[0])))
+    except ValueError:
+        raise Refused(400, f"bad {key}: {values[0]!r}") from None
+
+
+class App:
+    """Answers GET requests for one prefix (the HTTP layer is in `server`)."""
+
+    def __init__(self, prefix: str, store: Store | None = None):
+        self.prefix = normalize_prefix(prefix)
+        self.store = store or open_store(self.prefix)
+        self._request = threading.local()
+        self.routes: dict[str, Callable[..., Response]] = {
+            "": self.index,
+            "steps": self.all_steps,
+            "exp": self.experiment,
+            "step": self.step,
+            "train": self.training,
+            "file": self.file,
+            "compare": self.compare,
+            "raw": self.raw,
+        }
+
+    # -- dispatch -------------------------------------------------------------
+    def handle(self, target: str) -> Response:
+        try:
+            raw_path, _, query = target.partition("?")
+            segments = decode_path(raw_path)
+            try:
+                params = parse_qs(query, max_num_fields=20, errors="strict")
+            except (ValueError, UnicodeDecodeError) as error:
+                raise Refused(400, "bad query string") from error
+            route, rest = segments[0], "/".join(segments[1:])
+            handler = self.routes.get(route)
+            if handler is None or (route in ("", "steps") and rest):
+                raise Refused(404, "not found")
+            self._request.guard = PrefixGuard(self.prefix, self.store)
+            tree = _Tree(self.prefix, self.store, self.guard)
+            return handler(tree, rest, params)
+        except Refused as refused:
+            return self.error(refused.status, refused.message)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return self.error(404, "not found")
+        except Exception as error:  # a bad file in the tree must not take the server down
+            traceback.print_exc()
+            return self.error(500, f"{type(error).__name__}: {error}")
+
+    @property
+    def guard(self) -> PrefixGuard:
+        """This request's guard (one per request: it caches what it resolved)."""
+        return self._request.guard
+
+    def html(self, title: str, body: str, status: int = 200) -> Response:
+        return Response(status, page(title, body, self.prefix).encode("utf-8"))
+
+    def error(self, status: int, message: str) -> Response:
+        titles = {400: "Bad request", 403: "Forbidden", 404: "Not found", 405: "Method not allowed"}
+        title = titles.get(status, "Error")
+        return self.html(title, f"<h1>{esc(status)} {esc(title)}</h1><p>{esc(message)}</p>", status)
+
+    def rel(self, path: str) -> str | None:
+        """The relative path of a recorded full path, if it lies under the prefix."""
+        target = self.guard.resolve_recorded(path) if path else None
+        return target.relpath if target else None
+
+    def step_link(self, path: str, text: str | None = None) -> str:
+        relpath = self.rel(path)
+        if relpath is None:
+            return f'<span class="mono">{esc(text or path)}</span> <span class="muted">(outside the prefix)</span>'
+        return link(url("step", relpath), text or relpath)
+
+    # -- experiments ----------------------------------------------------------
+    def index(self, tree: _Tree, _rest: str, _params: dict) -> Response:
+        rows = []
+        for exp in tree.experiments:
+            counts = Counter(
+                step.status if step else "MISSING" for _entry, step in tree.experiment_steps(exp)
+            )
+            git = exp.git
+            commit = (git.get("commit") or "")[:10] + (" (dirty)" if git.get("dirty") else "")
+            rows.append(
+                [
+                    link(url("exp", exp.id), exp.id),
+                    f"{esc(exp.created)}<br><span class=muted>{esc(iso_age(exp.created))}</span>",
+                    num(len(exp.steps)),
+                    " ".join(f"{badge(status)} {count}" for status, count in sorted(counts.items())),
+                    f'<span class="mono">{esc(commit)}</span>',
+                    esc(f"{exp.record.get('user') or ''}@{exp.record.get('host') or ''}".strip("@")),
+                    esc(exp.record.get("description") or ""),
+                ]
+            )
+        body = "<h1>Experiments</h1>"
+        if rows:
+            body += table(
+                ["experiment", "created", "steps", "status", "git commit", "by", "description"], rows
+            )
+        else:
+            body += f'<p class="muted">no experiment manifests under {esc(self.prefix)}/experiments.</p>'
+        body += f"<p>{link('/steps', 'All step outputs under the prefix')}</p>"
+        return self.html("Experiments", body)
+
+    def all_steps(self, tree: _Tree, _rest: str, _params: dict) -> Response:
+        rows = [
+            [
+                link(url("step", step.relpath), step.relpath),
+                esc(step.name),
+                badge(step.status),
+                esc(iso_age(step.last_event.date if step.last_event else None)),
+                num(human_duration(step.duration_s)),
+            ]
+            for step in tree.steps
+        ]
+        body = f"<h1>All steps <span class=muted>({len(rows)})</span></h1>"
+        body += table(["output", "name", "status", "age", "duration"], rows)
+        return self.html("All steps", body)
+
+    def experiment(self, tree: _Tree, rest: str, params: dict) -> Response:
+        if not rest or "/" in rest:
+            raise Refused(404, "not found")
+        exp = next((candidate for candidate in tree.experiments if candidate.id == rest), None)
+        if exp is None:
+            raise Refused(404, f"no experiment {rest!r}")
+        pairs = tree.experiment_steps(exp)
+        with_sizes = _int(params, "sizes", 0, 1) == 1
+        sizes = tree.sizes([step for _entry, step in pairs if step]) if with_sizes else {}
+        nodes, rows = [], []
+        for entry, step in pairs:
+            path = entry.get("output_path") or ""
+            status = step.status if step else "MISSING"
+            relpath = self.rel(path)
+            deps = tuple(_dep_path(dep) for dep in entry.get("dependencies") or [])
+            nodes.append(
+                Node(
+                    key=path,
+                    label=entry.get("name") or path,
+                    status=status,
+                    href=url("step", relpath) if relpath is not None else url("exp", exp.id),
+                    title=f"{entry.get('name')} \u2014 {status}\n{path}",
+                    deps=deps,
+                )
+            )
+            row = [
+                self.step_link(path, entry.get("name") or path),
+                badge(status),
+                f'<span class="mono">{link(url("file", relpath), relpath) if relpath else esc(path)}</span>',
+                f'<span class="mono">{esc((entry.get("version_hash") or "")[:12])}</span>',
+                esc(step.started or "") if step else "",
+                num(human_duration(step.duration_s) if step else ""),
+                esc(entry.get("outcome") or ""),
+            ]
+            if with_sizes:
+                row.append(num(human_size(sizes.get(path)) if step else ""))
+            rows.append(row)
+        header = ["step", "status", "output path", "version", "started", "duration", "outcome (this run)"]
+        if with_sizes:
+            header.append("size")
+        record = exp.record
+        git = exp.git
+        counts = Counter(node.status for node in nodes)
+        info = kv(
+            [
+                ("created", esc(exp.created) + f" <span class=muted>{esc(iso_age(exp.created))}</span>"),
+                ("finished", esc(record.get("finished_date") or "")),
+                ("script", esc(record.get("caller_path") or "")),
+                (
+                    "command line",
+                    f'<span class="mono">{esc(" ".join(record.get("command_line") or []))}</span>',
+                ),
+                (
+                    "git",
+                    f'<span class="mono">{esc(git.get("commit") or "")}</span> {esc(git.get("branch") or "")}'
+                    + (" <b>dirty</b>" if git.get("dirty") else ""),
+                ),
+                ("by", esc(f"{record.get('user') or ''}@{record.get('host') or ''}")),
+                ("description", esc(record.get("description") or "")),
+                ("manifest", link(url("file", self.rel(exp.path) or ""), exp.id + ".json")),
+                ("steps", " ".join(f"{badge(status)} {count}" for status, count in sorted(counts.items()))),
+            ]
+        )
+        size_link = (
+            link(url("exp", exp.id), "hide sizes")
+            if with_sizes
+            else link(url("exp", exp.id, sizes=1), "show sizes")
+        )
+        body = (
+            f"<h1>Experiment {esc(exp.id)}</h1>{info}<h2>Graph</h2>"
+            f'<div class="dagbox">{dag_svg(nodes)}</div>'
+            f"<h2>Steps <span class=muted>({len(rows)})</span> <small>{size_link}</small></h2>"
+            f"{table(header, rows, 'steps')}"
+        )
+        return self.html(exp.id, body)
+
+    # -- one step -------------------------------------------------------------
+    def load(self, tree: _Tree, rest: str) -> StepOutput:
+        target = self.guard.resolve(rest)
+        step = tree.load_step(target.path) if target.relpath else None
+        if step is None:
+            raise Refused(404, f"no step output at {rest!r}")
+        return step
+
+    def dependents(self, tree: _Tree, path: str) -> tuple[dict[str, str], list[Experiment]]:
+        """Outputs that read `path` (from the manifests), and the experiments that include it."""
+        users: dict[str, str] = {}
+        experiments = []
+        for exp in tree.experiments:
+            for entry in exp.steps:
+                if entry.get("output_path") == path:
+                    experiments.append(exp)
+                if path in (_dep_path(dep) for dep in entry.get("dependencies") or []):
+                    users.setdefault(entry.get("output_path") or "", entry.get("name") or "")
+        users.pop("", None)
+        return users, experiments
+
+    def step(self, tree: _Tree, rest: str, params: dict) -> Response:
+        step = self.load(tree, rest)
+        info = step.info or {}
+        users, experiments = self.dependents(tree, step.path)
+        run = info.get("run") or {}
+        git = run.get("git") or {}
+        overview = kv(
+            [
+                ("name", esc(step.name)),
+                ("status", badge(step.status)),
+                ("function", f'<span class="mono">{esc(info.get("fn_name") or "")}</span>'),
+                ("description", esc(info.get("description") or "")),
+                ("output path", f'<span class="mono">{esc(step.path)}</span>'),
+                ("version hash", f'<span class="mono">{esc(step.version_hash or "")}</span>'),
+                ("started", esc(step.started or "")),
+                ("finished", esc(step.finished or "")),
+                ("duration", esc(human_duration(step.duration_s))),
+                (
+                    "git",
+                    f'<span class="mono">{esc(git.get("commit") or "")}</span>'
+                    + (" dirty" if git.get("dirty") else ""),
+                ),
+                (
+                    "experiments",
+                    ", ".join(link(url("exp", exp.id), exp.id) for exp in experiments)
+                    or '<span class="muted">none</span>',
+                ),
+            ]
+        )
+        upstream = [
+            f"<li>{self.step_link(dep.get('output_path') or '', dep.get('name'))}"
+            f"{' <span class=muted>(non-blocking)</span>' if dep.get('blocking') is False else ''}</li>"
+            for dep in step.dependencies
+        ]
+        downstream = [f"<li>{self.step_link(path, name)}</li>" for path, name in sorted(users.items())]
+        history = [
+            [
+                esc(event.date),
+                badge(event.status.value),
+                f'<span class="mono">{esc(event.worker or "")}</span>',
+                num(human_duration(event.extra.get("duration_s"))),
+                esc(event.message or ""),
+            ]
+            for event in step.history
+        ]
+        all_files = tree.files(step)
+        files_offset = _int(params, "files_offset", 0)
+        shown = all_files[files_offset : files_offset + FILES_PER_PAGE]
+        file_rows = []
+        for relname, size in shown:
+            file_rel = f"{step.relpath}/{relname}"
+            links = [link(url("file", file_rel), "view"), link(url("raw", file_rel), "raw")]
+            if filepages.is_json_lines(relname):
+                links.append(link(url("compare", file_rel), "across steps"))
+            file_rows.append(
+                [link(url("file", file_rel), relname, "file"), num(human_size(size)), " ".join(links)]
+            )
+        has_metrics = any(relname == "metrics.jsonl" for relname, _size in all_files)
+        body = [f"<h1>{esc(step.name)} {badge(step.status)}</h1>", overview]
+        if has_metrics:
+            body.append(
+                f"<p><b>{link(url('train', step.relpath), 'Training curves and eval results →')}</b></p>"
+            )
+        body.append("<h2>Dependencies</h2><div style='display:flex;gap:40px'>")
+        body.append(
+            f"<div><b>reads</b><ul class=upstream>{''.join(upstream) or '<li class=muted>none</li>'}</ul></div>"
+        )
+        body.append(
+            f"<div><b>read by</b><ul class=downstream>{''.join(downstream) or '<li class=muted>none</li>'}</ul></div></div>"
+        )
+        body.append("<h2>Config</h2>" + pretty_json(info.get("config")))
+        body.append(
+            "<h2>Version inputs</h2><p class=muted>what the version hash is computed from</p>"
+            + pretty_json(info.get("version"))
+        )
+        body.append(
+            "<h2>Status history</h2>" + table(["date", "status", "worker", "duration", "message"], history)
+        )
+        body.append("<h2>Lease</h2>" + self.lease_html(tree, step))
+        body.append("<h2>Log (tail)</h2>" + self.log_html(tree, step))
+        total = sum(size for _name, size in all_files)
+        body.append(
+            f"<h2>Files <span class=muted>({len(all_files)}, {esc(human_size(total))})</span></h2>"
+            + table(["file", "size", ""], file_rows, "files")
+        )
+        if len(all_files) > FILES_PER_PAGE:
+            prev_href = (
+                url("step", step.relpath, files_offset=max(0, files_offset - FILES_PER_PAGE))
+                if files_offset
+                else None
+            )
+            next_off = files_offset + FILES_PER_PAGE
+            next_href = (
+                url("step", step.relpath, files_offset=next_off) if next_off < len(all_files) else None
+            )
+            body.append(
+                pager(prev_href, next_href, f"files {files_offset + 1}\u2013{files_offset + len(shown)}")
+            )
+        return self.html(step.name, "".join(body))
+
+    def lease_html(self, tree: _Tree, step: StepOutput) -> str:
+        try:
+            self.guard.resolve(f"{step.relpath}/{LEASE_FILE}")
+        except Refused:
+            return '<p class="muted">lease file refused (outside the prefix)</p>'
+        lease = tree.lease(step)
+        if lease is None:
+            return '<p class="muted">no lease held</p>'
+        import time
+
+        return kv(
+            [
+                ("holder", f'<span class="mono">{esc(lease.worker)}</span>'),
+                ("host / pid", esc(f"{lease.host} / {lease.pid}")),
+                ("last heartbeat", esc(f"{time.time() - lease.heartbeat:.1f}s ago")),
+                ("acquired", esc(f"{time.time() - lease.acquired:.1f}s ago")),
+            ]
+        )
+
+    def log_html(self, tree: _Tree, step: StepOutput) -> str:
+        try:
+            self.guard.resolve(f"{step.relpath}/{LOG_FILE}")
+        except Refused:
+            return '<p class="muted">log refused (outside the prefix)</p>'
+        tail = tree.log_tail(step)
+        if tail is None:
+            return '<p class="muted">no log</p>'
+        full = link(url("file", f"{step.relpath}/{LOG_FILE}"), "whole log (paged)")
+        return f'<pre class="log">{esc(tail)}</pre><p>{full}</p>'
+
+    # -- training -------------------------------------------------------------
+    def training(self, tree: _Tree, rest: str, _params: dict) -> Response:
+        step = self.load(tree, rest)
+        metrics = self.guard.resolve(f"{step.relpath}/metrics.jsonl")
+        series: dict[str, dict[float, float]] = {}
+        lines = 0
+        for _number, record in filepages.iter_records(self.store, metrics):
+            lines += 1
+            if not record or not isinstance(record.get("step"), int | float):
+                continue
+            at = float(record["step"])
+            for key, value in record.items():
+                if not isinstance(value, int | float) or isinstance(value, bool):
+                    continue
+                if key in METRIC_KEYS or (key.startswith("eval/") and "time" not in key and "//" not in key):
+                    series.setdefault(key, {})[at] = float(value)  # later lines win, as in read_metrics
+
+        def points(key: str) -> list[tuple[float, float]]:
+            return sorted(series.get(key, {}).items())
+
+        charts = [
+            line_chart(
+                "Loss",
+                {key: points(key) for key in ("train/loss", "eval/loss") if key in series},
+                markers=frozenset({"eval/loss"}),
+            )
+        ]
+        for key in sorted(series):
+            if key.startswith("eval/") and key != "eval/loss":
+                charts.append(line_chart(key, {key: points(key)}, markers=frozenset({key})))
+        if "optim/learning_rate" in series:
+            charts.append(line_chart("Learning rate", {"optim/learning_rate": points("optim/learning_rate")}))
+        summary_rows = []
+        for key in sorted(series):
+            values = points(key)
+            if values:
+                summary_rows.append(
+                    [
+                        esc(key),
+                        num(f"{values[-1][1]:.6g}"),
+                        num(f"{min(v for _s, v in values):.6g}"),
+                        num(int(values[-1][0])),
+                        num(len(values)),
+                    ]
+                )
+        body = [
+            f"<h1>Training: {esc(step.name)} {badge(step.status)}</h1>",
+            f"<p>{link(url('step', step.relpath), '← step page')} \u00b7 "
+            f"{link(url('file', metrics.relpath), 'metrics.jsonl')} ({lines} lines)</p>",
+            '<div class="charts">' + "".join(charts) + "</div>",
+            "<h2>Metrics</h2>"
+            + table(["metric", "last", "min", "last step", "points"], summary_rows, "metrics"),
+        ]
+        body.append("<h2>Eval results</h2>" + self.results_html(tree, step))
+        return self.html(f"Training {step.name}", "".join(body))
+
+    def results_html(self, tree: _Tree, step: StepOutput) -> str:
+        """results.json of this step and of the steps that read it (evaluations)."""
+        sources = [(step.path, step.name)]
+        users, _experiments = self.dependents(tree, step.path)
+        sources += sorted(users.items())
+        parts = []
+        for path, name in sources:
+            relpath = self.rel(path)
+            if relpath is None:
+                continue
+            try:
+                target = self.guard.resolve(f"{relpath}/results.json")
+                text, cut = filepages.read_head(self.store, target, SMALL_JSON_BYTES)
+            except (Refused, FileNotFoundError, NotADirectoryError, IsADirectoryError, OSError):
+                continue
+            try:
+                value = json.loads(text) if not cut else None
+            except ValueError:
+                value = None
+            if not isinstance(value, dict):
+                parts.append(
+                    f"<p>{link(url('file', target.relpath), target.relpath)}: not a small JSON object</p>"
+                )
+                continue
+            rows = [[esc(key), num(_fmt(val))] for key, val in _flatten(value)]
+            parts.append(
+                f"<h3>{link(url('step', relpath), name)} <small>{link(url('file', target.relpath), 'results.json')}"
+                f"</small></h3>" + table(["metric", "value"], rows, "results")
+            )
+        return "".join(parts) or '<p class="muted">no results.json in this step or the steps that read it</p>'
+
+    # -- files ----------------------------------------------------------------
+    def is_dir(self, target: Target) -> bool:
+        if target.local is not None:
+            return os.path.isdir(target.local)
+        return bool(self.store.fs.isdir(self.store._fs_path(target.path)))
+
+    def owning_step(self, tree: _Tree, relpath: str) -> StepOutput | None:
+        parts = relpath.split("/")
+        for end in range(len(parts), 0, -1):
+            step = tree.load_step(f"{self.prefix}/{'/'.join(parts[:end])}")
+            if step is not None:
+                return step
+        return None
+
+    def crumbs(self, relpath: str) -> str:
+        parts = relpath.split("/") if relpath else []
+        out = [link(url("file"), "prefix")]
+        for end in range(1, len(parts) + 1):
+            out.append(link(url("file", "/".join(parts[:end])), parts[end - 1]))
+        return '<p class="crumbs mono">' + " / ".join(out) + "</p>"
+
+    def file(self, tree: _Tree, rest: str, params: dict) -> Response:
+        target = self.guard.resolve(rest)
+        if self.is_dir(target):
+            return self.directory(tree, target, params)
+        step = self.owning_step(tree, target.relpath)
+        offset = _int(params, "offset", 0)
+        limit = _int(params, "limit", filepages.LINES_PER_PAGE, filepages.MAX_LINES_PER_PAGE)
+        result = filepages.read_page(self.store, target, offset, limit)
+        name = target.relpath.rsplit("/", 1)[-1]
+        head = [f"<h1>{esc(name)}</h1>", self.crumbs(target.relpath)]
+        facts = [f"{esc(human_size(result.size))}", link(url("raw", target.relpath), "raw")]
+        if step is not None:
+            facts.insert(0, "step " + link(url("step", step.relpath), step.name))
+        if filepages.is_json_lines(name) and step is not None:
+            facts.append(link(url("compare", target.relpath), "same documents across steps"))
+        head.append("<p>" + " \u00b7 ".join(facts) + "</p>")
+
+        def nav(unit: str) -> str:
+            prev_href = (
+                url(
+                    "file",
+                    target.relpath,
+                    offset=result.prev_offset,
+                    limit=limit if unit != "bytes" else None,
+                )
+                if result.prev_offset is not None
+                else None
+            )
+            next_href = (
+                url(
+                    "file",
+                    target.relpath,
+                    offset=result.next_offset,
+                    limit=limit if unit != "bytes" else None,
+                )
+                if result.next_offset is not None
+                else None
+            )
+            return pager(prev_href, next_href, _where(result, unit))
+
+        if result.kind == "lines":
+            content = nav("lines") + "".join(
+                _line_html(number, text, cut) for number, text, cut in result.lines
+            )
+            content += nav("lines")
+        elif result.kind == "text":
+            content = nav("bytes") + f'<pre class="text">{esc(result.text)}</pre>' + nav("bytes")
+        elif result.kind == "json":
+            content = f'<pre class="json">{esc(result.text)}</pre>'
+        elif result.kind == "table":
+            rows = [[esc(_cell_text(value)) for value in row] for row in result.rows]
+            content = nav("rows") + table(result.columns, rows, "parquet") + nav("rows")
+        else:
+            content = f'<p class="binary">{esc(result.note)}</p>'
+        return self.html(name, "".join(head) + content)
+
+    def directory(self, tree: _Tree, target: Target, params: dict) -> Response:
+        entries = tree.list_dir(target.path)
+        offset = _int(params, "offset", 0)
+        shown = entries[offset : offset + DIR_ENTRIES_PER_PAGE]
+        rows = []
+        for entry in shown:
+            child = f"{target.relpath}/{entry.name}" if target.relpath else entry.name
+            try:
+                check_relpath(child)
+            except Refused:
+                rows.append([esc(entry.name), "", '<span class="muted">name not servable</span>'])
+                continue
+            rows.append(
+                [
+                    link(url("file", child), entry.name + ("/" if entry.is_dir else "")),
+                    num("" if entry.is_dir else human_size(entry.size)),
+                    "",
+                ]
+            )
+        step = tree.load_step(target.path) if target.relpath else None
+        head = f"<h1>{esc(target.relpath or self.prefix)}/</h1>{self.crumbs(target.relpath)}"
+        if step is not None:
+            head += f"<p>step output: {link(url('step', step.relpath), step.name)}</p>"
+        prev_href = (
+            url("file", target.relpath, offset=max(0, offset - DIR_ENTRIES_PER_PAGE)) if offset else None
+        )
+        next_off = offset + DIR_ENTRIES_PER_PAGE
+        next_href = url("file", target.relpath, offset=next_off) if next_off < len(entries) else None
+        nav = (
+            pager(prev_href, next_href, f"{len(entries)} entries")
+            if len(entries) > DIR_ENTRIES_PER_PAGE
+            else ""
+        )
+        return self.html(
+            target.relpath or "prefix", head + nav + table(["name", "size", ""], rows, "listing") + nav
+        )
+
+    def raw(self, _tree: _Tree, rest: str, _params: dict) -> Response:
+        target = self.guard.resolve(rest)
+        if not target.relpath or self.is_dir(target):
+            raise Refused(404, "not a file")
+        size = filepages.file_size(self.store, target)
+        with filepages.open_raw(self.store, target) as handle:
+            sample = handle.read(filepages.SNIFF_BYTES)
+        textual = not filepages.looks_binary(sample) and filepages.compression_of(target.relpath) is None
+
+        def chunks() -> Iterator[bytes]:
+            with filepages.open_raw(self.store, target) as handle:
+                while chunk := handle.read(STREAM_CHUNK):
+                    yield chunk
+
+        name = target.relpath.rsplit("/", 1)[-1]
+        safe_name = "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
+        headers = {"Content-Disposition": f'{"inline" if textual else "attachment"}; filename="{safe_name}"'}
+        content_type = "text/plain; charset=utf-8" if textual else "application/octet-stream"
+        return Response(200, content_type=content_type, headers=headers, stream=chunks, length=size)
+
+    # -- documents across steps -----------------------------------------------
+    def compare(self, tree: _Tree, rest: str, params: dict) -> Response:
+        target = self.guard.resolve(rest)
+        step = self.owning_step(tree, target.relpath)
+        if step is None or target.relpath == step.relpath:
+            raise Refused(404, "not a file inside a step output")
+        shard = target.relpath[len(step.relpath) + 1 :]
+        offset = _int(params, "offset", 0)
+        limit = max(1, _int(params, "limit", DOCS_PER_PAGE, MAX_DOCS_PER_PAGE))
+        chain, source = self.chain(tree, step, shard)
+        targets = [self.guard.resolve(f"{item.relpath}/{shard}") for item in chain]
+
+        # The first step's page fixes which documents are shown.
+        base: list[tuple[str, dict[str, Any]]] = []
+        more = False
+        for _number, record in filepages.iter_records(self.store, targets[0], offset):
+            if len(base) == limit:
+                more = True
+                break
+            record = record or {}
+            base.append((_doc_id(record), record))
+        wanted = {doc_id for doc_id, _record in base}
+        # Later steps keep a subset of the documents, in order: the page's documents are
+        # among their first offset+limit lines, so no step is read further than that.
+        columns: list[dict[str, dict[str, Any]]] = [dict(base)]
+        for later in targets[1:]:
+            found: dict[str, dict[str, Any]] = {}
+            try:
+                for number, record in filepages.iter_records(self.store, later):
+                    if number >= offset + limit or len(found) == len(wanted):
+                        break
+                    doc_id = _doc_id(record or {})
+                    if doc_id in wanted:
+                        found[doc_id] = record or {}
+            except FileNotFoundError:
+                pass
+            columns.append(found)
+        raw_texts = self.source_texts(source, base) if source is not None else {}
+
+        header = ["document"]
+        if raw_texts:
+            header.append(f"{source.name} (source file)")
+        header += [item.name for item in chain]
+        rows = []
+        dropped_count = Counter()
+        for doc_id, _record in base:
+            row = [f'<td class="docid mono">{esc(doc_id)}</td>']
+            if raw_texts:
+                text = raw_texts.get(doc_id)
+                row.append(
+                    _doc_cell(text, "") if text is not None else '<td class="gone">(no source file)</td>'
+                )
+            previous_text, gone = None, False
+            for index, column in enumerate(columns):
+                record = column.get(doc_id)
+                if record is None:
+                    if not gone:
+                        row.append(
+                            f'<td class="dropped"><span class="mark">dropped by {esc(chain[index].name)}</span></td>'
+                        )
+                        dropped_count[chain[index].name] += 1
+                        gone = True
+                    else:
+                        row.append('<td class="gone">\u2014</td>')
+                    continue
+                text = record.get("text")
+                text = text if isinstance(text, str) else json.dumps(record, ensure_ascii=False)
+                changed = previous_text is not None and text != previous_text
+                row.append(_doc_cell(text, "changed" if changed else ""))
+                previous_text = text
+            rows.append(row)
+        shard_links = " \u2192 ".join(
+            link(url("file", f"{item.relpath}/{shard}"), item.name) for item in chain
+        )
+        summary = (
+            ", ".join(f"{name}: {count} dropped" for name, count in dropped_count.items()) or "none dropped"
+        )
+        prev_href = (
+            url("compare", target.relpath, offset=max(0, offset - limit), limit=limit) if offset else None
+        )
+        next_href = url("compare", target.relpath, offset=offset + limit, limit=limit) if more else None
+        nav = pager(prev_href, next_href, f"documents {offset + 1}\u2013{offset + len(base)} of this shard")
+        body = (
+            f"<h1>{esc(shard)} across steps</h1>"
+            f"<p>{shard_links}</p><p class=muted>on this page: {esc(summary)}. Steps are linked through their "
+            "recorded dependencies; a document is matched by its id.</p>"
+            + nav
+            + table(header, rows, "compare")
+            + nav
+        )
+        return self.html(f"{shard} across steps", body)
+
+    def chain(self, tree: _Tree, step: StepOutput, shard: str) -> tuple[list[StepOutput], StepOutput | None]:
+        """Consecutive steps holding the same shard (upstream first), and the step before
+        them (a source without that shard, e.g. raw files), found via dependencies."""
+        chain = [step]
+        source = None
+        seen = {step.path}
+        current = step
+        while len(chain) < CHAIN_LIMIT:
+            previous = None
+            for dep in current.dependencies:
+                candidate = tree.load_step(dep.get("output_path") or "")
+                if candidate is None or candidate.path in seen:
+                    continue
+                if self.has_file(candidate, shard):
+                    previous = candidate
+                    break
+                source = source or candidate
+            if previous is None:
+                break
+            source = None
+            seen.add(previous.path)
+            chain.insert(0, previous)
+            current = previous
+        current = step
+        while len(chain) < CHAIN_LIMIT:
+            users, _experiments = self.dependents(tree, current.path)
+            following = None
+            for path in sorted(users):
+                candidate = tree.load_step(path)
+                if candidate is not None and candidate.path not in seen and self.has_file(candidate, shard):
+                    following = candidate
+                    break
+            if following is None:
+                break
+            seen.add(following.path)
+            chain.append(following)
+            current = following
+        return chain, source
+
+    def has_file(self, step: StepOutput, relname: str) -> bool:
+        try:
+            target = self.guard.resolve(f"{step.relpath}/{relname}")
+        except Refused:
+            return False
+        if target.local is not None:
+            return os.path.isfile(target.local)
+        return bool(self.store.fs.isfile(self.store._fs_path(target.path)))
+
+    def source_texts(self, source: StepOutput, base: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+        """The source file of each document (its `metadata.path` or id inside `source`)."""
+        texts = {}
+        for doc_id, record in base:
+            metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+            for candidate in (metadata.get("path"), doc_id):
+                if not isinstance(candidate, str) or not candidate:
+                    continue
+                try:
+                    target = self.guard.resolve(f"{source.relpath}/{check_relpath(candidate)}")
+                    if target.local is not None and not os.path.isfile(target.local):
+                        continue
+                    text, cut = filepages.read_head(self.store, target, RAW_SOURCE_BYTES)
+                except (Refused, OSError):
+                    continue
+                texts[doc_id] = text + ("\u2026" if cut else "")
+                break
+        return texts
+
+
+def _dep_path(dep: Any) -> str:
+    return dep.get("output_path") or "" if isinstance(dep, dict) else str(dep)
+
+
+def _doc_id(record: dict[str, Any]) -> str:
+    value = record.get("id")
+    if isinstance(value, str | int):
+        return str(value)
+    import hashlib
+
+    return "sha1:" + hashlib.sha1(str(record.get("text")).encode("utf-8")).hexdigest()[:12]
+
+
+def _doc_cell(text: str, cls: str) -> str:
+    shown = text if len(text) <= DOC_TEXT_CHARS else text[:DOC_TEXT_CHARS] + f"\u2026 ({len(text)} chars)"
+    mark = '<span class="mark">changed</span>' if cls == "changed" else ""
+    return f'<td class="{cls}">{mark}<pre>{esc(shown)}</pre></td>'
+
+
+def _line_html(number: int, text: str, cut: bool) -> str:
+    note = ' <span class="muted">(line cut: longer than 1 MiB)</span>' if cut else ""
+    try:
+        value = json.loads(text) if not cut else None
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and isinstance(value.get("text"), str):
+        rest = {key: val for key, val in value.items() if key not in ("text", "id")}
+        doc_text = value["text"]
+        if len(doc_text) > 20000:
+            doc_text = doc_text[:20000] + f"\u2026 ({len(value['text'])} chars)"
+        return (
+            f'<div class="doc row" data-line="{number}"><b>#{number}</b> '
+            f'<span class="mono docid">{esc(value.get("id"))}</span>{note}'
+            f"<pre>{esc(doc_text)}</pre>"
+            f'<div class="mono muted">{esc(json.dumps(rest, ensure_ascii=False, default=str))}</div></div>'
+        )
+    shown = json.dumps(value, indent=2, ensure_ascii=False) if value is not None else text
+    return f'<div class="doc row" data-line="{number}"><b>#{number}</b>{note}<pre>{esc(shown)}</pre></div>'
+
+
+def _where(result: filepages.Page, unit: str) -> str:
+    if unit == "lines":
+        last = result.offset + len(result.lines)
+        return f"lines {result.offset + 1}\u2013{last}" if result.lines else f"no lines after {result.offset}"
+    if unit == "rows":
+        return f"rows {result.offset + 1}\u2013{result.offset + len(result.rows)} of {result.total}"
+    end = result.next_offset if result.next_offset is not None else result.total
+    return f"bytes {result.offset}\u2013{end} of {result.total}"
+
+
+def _cell_text(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 300 else text[:300] + "\u2026"
+
+
+def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, value
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list | dict):
+        return json.dumps(value, ensure_ascii=False)[:300]
+    return str(value)

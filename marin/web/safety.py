@@ -1,0 +1,155 @@
+"""Turning a request target into a path under the prefix, or refusing it.
+
+The browser serves only what lies under its prefix. Every URL path that names a file is
+checked here, once, before anything is read:
+
+- the target is decoded exactly once; what is left is taken literally, so a
+  double-encoded `%252e%252e` can never become `..` later;
+- a segment that is empty (`//`), `.` or `..`, or that holds a backslash, NUL or any
+  other control character, or a `%` (double encoding), is refused;
+- on local disk the resolved path (`os.path.realpath`, which follows every symlink) must
+  stay inside the resolved prefix, so a symlink in an output that points elsewhere is
+  refused too. Reads then use that resolved path.
+
+Paths recorded *in* the tree (a step's dependencies, a document's source path) go through
+the same check before the browser follows them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from executor.store import Store
+
+_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\%]")
+
+
+class Refused(Exception):
+    """A request the browser will not answer with content."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Target:
+    """A checked path under the prefix."""
+
+    relpath: str
+    """Relative to the prefix, `/`-separated, no `.`/`..`/empty segments ('' = the prefix)."""
+
+    path: str
+    """The store path (`<prefix>/<relpath>`)."""
+
+    local: str | None
+    """The resolved local path to read (symlinks followed), or None on other stores."""
+
+
+def decode_path(raw_path: str) -> list[str]:
+    """The segments of a request path (without its query), decoded once and checked."""
+    if not raw_path.startswith("/"):
+        raise Refused(404, "not found")
+    try:
+        decoded = unquote(raw_path, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError as error:
+        raise Refused(404, "not found: the path is not UTF-8") from error
+    segments = decoded[1:].split("/")
+    if segments and segments[-1] == "" and len(segments) > 1:
+        segments = segments[:-1]  # one trailing slash is harmless
+    for segment in segments:
+        check_segment(segment, allow_empty=segments == [""])
+    return segments
+
+
+def check_segment(segment: str, allow_empty: bool = False) -> None:
+    if segment == "" and not allow_empty:
+        raise Refused(403, "refused: empty path segment")
+    if segment in (".", ".."):
+        raise Refused(403, "refused: '.' and '..' are not allowed in paths")
+    bad = _FORBIDDEN.search(segment)
+    if bad is None:
+        return
+    if bad.group() == "%":
+        raise Refused(403, "refused: encoded characters left after decoding")
+    if bad.group() == "\\":
+        raise Refused(403, "refused: backslash in path")
+    raise Refused(403, "refused: control character in path")
+
+
+def check_relpath(relpath: str) -> str:
+    """A `/`-separated relative path from the tree or a URL, checked segment by segment."""
+    relpath = relpath.strip("/")
+    if not relpath:
+        return ""
+    for segment in relpath.split("/"):
+        check_segment(segment)
+    return relpath
+
+
+class PrefixGuard:
+    """Resolves relative paths against one prefix, never outside it.
+
+    Made per request: it remembers the directories it has already resolved (one `lstat`
+    per path component, a full `realpath` only where a component is a symlink), so a page
+    over a thousand steps does not resolve the prefix's own components a thousand times,
+    and no answer outlives the request.
+    """
+
+    def __init__(self, prefix: str, store: Store):
+        self.prefix = prefix
+        self.store = store
+        local = store.local_path(prefix)
+        self.local_root = os.path.realpath(local) if local is not None else None
+        self._resolved: dict[str, str] = {}
+
+    def inside(self, real: str) -> bool:
+        root = self.local_root or ""
+        return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+    def resolve(self, relpath: str) -> Target:
+        relpath = check_relpath(relpath)
+        path = f"{self.prefix}/{relpath}" if relpath else self.prefix
+        if self.local_root is None:
+            return Target(relpath, path, None)
+        return Target(relpath, path, self._real(relpath))
+
+    def _real(self, relpath: str) -> str:
+        """The resolved local path of `relpath`; Refused if any symlink on the way leads out."""
+        current = self.local_root or ""
+        if not relpath:
+            return current
+        parts = relpath.split("/")
+        for index, part in enumerate(parts):
+            key = "/".join(parts[: index + 1])
+            cached = self._resolved.get(key)
+            if cached is not None:
+                current = cached
+                continue
+            candidate = os.path.join(current, part)
+            try:
+                mode = os.lstat(candidate).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                # Nothing there: reading it fails with "not found"; nothing to follow.
+                return os.path.join(candidate, *parts[index + 1 :])
+            if stat.S_ISLNK(mode):
+                candidate = os.path.realpath(candidate)
+                if not self.inside(candidate):
+                    raise Refused(403, "refused: the path leads outside the prefix")
+            self._resolved[key] = candidate
+            current = candidate
+        return current
+
+    def resolve_recorded(self, path: str) -> Target | None:
+        """A full path recorded in the tree, if it lies under the prefix (else None)."""
+        if not isinstance(path, str) or not path.startswith(self.prefix + "/"):
+            return None
+        try:
+            return self.resolve(path[len(self.prefix) + 1 :])
+        except Refused:
+            return None
