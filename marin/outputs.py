@@ -48,6 +48,7 @@ BOOKKEEPING = frozenset({INFO_FILE, STATUS_FILE, LEASE_FILE, LOG_FILE})
 _HASH_SUFFIX = re.compile(r"-([0-9a-f]{6,64})$")
 _HEX = re.compile(r"^[0-9a-f]{2,64}$")
 PARALLEL_READS = 32
+"""Concurrent reads on object stores (1: one at a time, for comparison in bench/tree_tools.py)."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -242,21 +243,51 @@ class OutputTree:
     # -- steps ----------------------------------------------------------------
     def load_step(self, path: str) -> StepOutput | None:
         """The step output at `path`, or None if it holds no bookkeeping files."""
-        info_text = self.store.read_text(info_path(path))
-        status_text = self.store.read_text(status_path(path))
-        if info_text is None and status_text is None:
+        return self._parse_step(
+            path, self.store.read_bytes(info_path(path)), self.store.read_bytes(status_path(path))
+        )
+
+    def _parse_step(self, path: str, info_data: bytes | None, status_data: bytes | None) -> StepOutput | None:
+        if info_data is None and status_data is None:
             return None
         info = None
-        if info_text is not None:
+        if info_data is not None:
             try:
-                info = json.loads(info_text)
-            except json.JSONDecodeError:
+                info = json.loads(info_data)
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 info = None
         try:
-            history = tuple(parse_status(status_text))
-        except (ValueError, KeyError):
+            history = tuple(parse_status(status_data.decode("utf-8") if status_data else None))
+        except (ValueError, KeyError, UnicodeDecodeError):
             history = ()
         return StepOutput(path=path, relpath=self.relpath(path), info=info, history=history)
+
+    def _load_listed(self, paths: list[str]) -> list[StepOutput | None]:
+        """`load_step` for directories found by listing the prefix.
+
+        On object stores all bookkeeping files of a level are fetched with one batched
+        `cat` (concurrent requests on fsspec's event loop), which beats a thread per read.
+        """
+        if self.local or len(paths) < 2 or PARALLEL_READS <= 1:
+            return [self.load_step(path) for path in paths]
+        fs = self.store.fs
+        wanted = {
+            path: (self.store._fs_path(info_path(path)), self.store._fs_path(status_path(path)))
+            for path in paths
+        }
+        try:
+            found = fs.cat([name for pair in wanted.values() for name in pair], on_error="omit")
+        except (FileNotFoundError, NotADirectoryError):
+            found = {}
+        stripped = {fs._strip_protocol(name): data for name, data in found.items()}
+        return [
+            self._parse_step(
+                path,
+                stripped.get(fs._strip_protocol(info_name)),
+                stripped.get(fs._strip_protocol(status_name)),
+            )
+            for path, (info_name, status_name) in wanted.items()
+        ]
 
     @cached_property
     def steps(self) -> list[StepOutput]:
@@ -268,7 +299,7 @@ class OutputTree:
         for _depth in range(MAX_DEPTH):
             if not level:
                 break
-            loaded = self._map(lambda entry: (entry, self.load_step(entry.path)), level)
+            loaded = zip(level, self._load_listed([entry.path for entry in level]), strict=True)
             descend = []
             for entry, step in loaded:
                 if step is not None:
