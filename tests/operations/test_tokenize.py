@@ -222,3 +222,122 @@ def test_ray_builder_writes_byte_identical_caches(tokenized):
     assert sorted(in_process) == sorted(ray_built)
     for name, content in in_process.items():
         assert ray_built[name] == content, name
+
+
+def _tokenizer_variant(source, target, change):
+    """A copy of the tokenizer directory `source` with its tokenizer.json changed by `change`."""
+    from tokenizers import Tokenizer
+
+    shutil.copytree(source, target)
+    backend = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
+    change(backend)
+    backend.save(os.path.join(target, "tokenizer.json"))
+    return str(target)
+
+
+TRICKY_TEXTS = [
+    "def f(x):\n    return x  # plain code",
+    "  leading and trailing spaces  ",
+    "héllo wörld ✓ 😀 中文字符 \u200b zero width",
+    "a literal <|endoftext|> inside the text<|endoftext|>",
+    "tabs\tand\r\nwindows line ends\n\n\n",
+    "x",
+    " ".join(f"word{i}" for i in range(4_000)),  # > Levanter's 10,000-character workaround length
+]
+
+
+@pytest.mark.slow
+def test_fast_processor_gives_levanters_ids_and_metadata(tokenized, tmp_path):
+    import numpy as np
+    from levanter.data.text import preprocessor_for_format
+    from tokenizers import normalizers, processors
+
+    from operations.tokenize import fast_batch_tokenizer
+
+    _, config, _ = tokenized
+    variants = {
+        "trained": (config.tokenizer, True),
+        # A Sequence normalizer makes Levanter split long strings: its own __call__ runs.
+        "normalizer": (
+            _tokenizer_variant(
+                config.tokenizer,
+                tmp_path / "normalizer",
+                lambda t: setattr(t, "normalizer", normalizers.Sequence([normalizers.NFKC()])),
+            ),
+            False,
+        ),
+        # The post-processor adds bos itself, so Levanter adds only eos.
+        "template": (
+            _tokenizer_variant(
+                config.tokenizer,
+                tmp_path / "template",
+                lambda t: setattr(
+                    t,
+                    "post_processor",
+                    processors.TemplateProcessing(
+                        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)]
+                    ),
+                ),
+            ),
+            True,
+        ),
+        # Truncation stored in tokenizer.json: transformers turns it off per call, and so do we.
+        "truncation": (
+            _tokenizer_variant(
+                config.tokenizer, tmp_path / "truncation", lambda t: t.enable_truncation(max_length=8)
+            ),
+            True,
+        ),
+    }
+    batch = [{"text": text} for text in TRICKY_TEXTS]
+    for name, (tokenizer_path, fast_path) in variants.items():
+        data = lm_data_config(config.output_path, tokenizer_path)
+        levanter = preprocessor_for_format(
+            data.format, data.the_tokenizer, enforce_bos=True, enforce_eos=data.enforce_eos
+        )
+        fast = fast_batch_tokenizer(data)
+        assert fast.metadata == levanter.metadata, name
+        assert fast.output_exemplar.keys() == levanter.output_exemplar.keys(), name
+        assert (fast._backend is not None) == fast_path, name
+        expected = [np.asarray(row["input_ids"]) for row in levanter(batch)]
+        for _ in range(2):  # the second call takes the fast path after a fallback (truncation)
+            # np.asarray: what Levanter's writer makes of each row (lists from the fallback).
+            got = [np.asarray(row["input_ids"]) for row in fast(batch)]
+            assert [row.dtype for row in got] == [row.dtype for row in expected], name
+            assert [row.tolist() for row in got] == [row.tolist() for row in expected], name
+        if name == "template":
+            assert not fast._need_to_add_bos and fast._need_to_add_eos
+            assert got[0][0] == data.the_tokenizer.bos_token_id
+
+
+@pytest.mark.slow
+def test_in_process_caches_equal_levanters_own_processor_byte_for_byte(tokenized, tmp_path):
+    from levanter.data.text import preprocessor_for_format
+    from levanter.store.cache import CacheOptions, _tokenize_one_shard_group
+
+    _, config, _ = tokenized
+    data = lm_data_config(config.output_path, config.tokenizer)
+    levanter = preprocessor_for_format(
+        data.format, data.the_tokenizer, enforce_bos=True, enforce_eos=data.enforce_eos
+    )
+    for split in ("train", "validation"):
+        source = data.get_shard_source(split)
+        reference = tmp_path / split
+        # Levanter's own processor and its default batch size, through the same loop.
+        _tokenize_one_shard_group(
+            str(reference),
+            source,
+            list(source.shard_names),
+            levanter,
+            CacheOptions(num_shard_groups=1),
+            lambda *_: None,
+            False,
+        )
+        ours = pathlib.Path(config.output_path, split)
+        files = {path.relative_to(ours): path.read_bytes() for path in ours.rglob("*") if path.is_file()}
+        theirs = {
+            path.relative_to(reference): path.read_bytes() for path in reference.rglob("*") if path.is_file()
+        }
+        assert files.keys() == theirs.keys() and files, split
+        for name, content in files.items():
+            assert theirs[name] == content, (split, name)
