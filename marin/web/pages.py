@@ -565,26 +565,12 @@ class App:
         head.append("<p>" + " \u00b7 ".join(facts) + "</p>")
 
         def nav(unit: str) -> str:
-            prev_href = (
-                url(
-                    "file",
-                    target.relpath,
-                    offset=result.prev_offset,
-                    limit=limit if unit != "bytes" else None,
-                )
-                if result.prev_offset is not None
-                else None
-            )
-            next_href = (
-                url(
-                    "file",
-                    target.relpath,
-                    offset=result.next_offset,
-                    limit=limit if unit != "bytes" else None,
-                )
-                if result.next_offset is not None
-                else None
-            )
+            def href(offset: int | None) -> str | None:
+                if offset is None:
+                    return None
+                return url("file", target.relpath, offset=offset, limit=limit if unit != "bytes" else None)
+
+            prev_href, next_href = href(result.prev_offset), href(result.next_offset)
             return pager(prev_href, next_href, _where(result, unit))
 
         if result.kind == "lines":

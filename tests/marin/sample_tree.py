@@ -20,6 +20,16 @@ from executor import Executor, ExecutorStep, LeaseConfig, this_output_path, vers
 from marin.defaults import default_dedup, default_documents, default_filter
 from operations.filter import AlphanumericRatio, MinLength
 
+STEP_NAMES = (
+    "raw/notes",
+    "documents/notes",
+    "filtered/notes",
+    "dedup/notes",
+    "checkpoints/curve",
+    "analysis/stamp",
+)
+"""The names of the steps `build_steps` declares."""
+
 FAST_LEASES = LeaseConfig(heartbeat_interval=0.1, timeout=1.0, poll_interval=0.05)
 
 

@@ -63,16 +63,7 @@ def test_ls_lists_experiments_and_steps_with_status_and_size(capsys, tree_prefix
     assert re.search(r"SUCCESS .* \d+\.\d KB  dedup/notes-[0-9a-f]{8}$", out, re.MULTILINE), out
     code, out, _ = marin(capsys, "ls", "--prefix", tree_prefix, "--json")
     listing = json.loads(out)
-    assert sorted(s["name"] for s in listing["steps"]) == sorted(
-        [
-            "raw/notes",
-            "documents/notes",
-            "filtered/notes",
-            "dedup/notes",
-            "checkpoints/curve",
-            "analysis/stamp",
-        ]
-    )
+    assert sorted(s["name"] for s in listing["steps"]) == sorted(sample_tree.STEP_NAMES)
     assert all(s["status"] == "SUCCESS" and s["size"] > 0 for s in listing["steps"])
 
 
@@ -325,15 +316,7 @@ def test_gc_lists_then_deletes_only_garbage(capsys, tree_prefix):
     code, out, _ = marin(capsys, "gc", "--prefix", tree_prefix, "--yes")
     assert code == 0 and "deleted 4 output(s)" in out
     remaining = {step.name for step in OutputTree(tree_prefix).steps}
-    assert remaining == {
-        "raw/notes",
-        "documents/notes",
-        "filtered/notes",
-        "dedup/notes",
-        "checkpoints/curve",
-        "analysis/stamp",
-        "live/step",
-    }
+    assert remaining == {*sample_tree.STEP_NAMES, "live/step"}
     code, out, _ = marin(capsys, "gc", "--prefix", tree_prefix)
     assert "nothing to collect" in out
 

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from marin.web import start_server
+from tests.marin import sample_tree
 from tests.marin.browser import WebTree, build_web_tree
 
 
@@ -40,16 +41,7 @@ def test_click_through_experiment_step_file(page, site, web_tree):
     nodes = page.locator("svg.dag a.node")
     assert nodes.count() == 6
     names = [nodes.nth(i).get_attribute("data-name") for i in range(6)]
-    assert sorted(names) == sorted(
-        [
-            "raw/notes",
-            "documents/notes",
-            "filtered/notes",
-            "dedup/notes",
-            "checkpoints/curve",
-            "analysis/stamp",
-        ]
-    )
+    assert sorted(names) == sorted(sample_tree.STEP_NAMES)
     assert {nodes.nth(i).get_attribute("data-status") for i in range(6)} == {"SUCCESS"}
     assert page.locator("svg.dag path.edge").count() == 5  # raw->documents->filtered->dedup->{curve,stamp}
     assert page.locator("svg.dag rect").first.get_attribute("fill") == "#d7f0d8"
