@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -417,8 +418,6 @@ class App:
         lease = tree.lease(step)
         if lease is None:
             return '<p class="muted">no lease held</p>'
-        import time
-
         return kv(
             [
                 ("holder", f'<span class="mono">{esc(lease.worker)}</span>'),

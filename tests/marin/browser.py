@@ -201,3 +201,21 @@ def build_web_tree(root: str) -> WebTree:
         experiment=by_size[6],
         failing_experiment=by_size[8],
     )
+
+
+@pytest.fixture(scope="module")
+def web_tree(tmp_path_factory) -> WebTree:
+    """The browser tests' tree, built once per test module."""
+    return build_web_tree(str(tmp_path_factory.mktemp("web")))
+
+
+@pytest.fixture(scope="module")
+def web_server(web_tree):
+    """`marin browse` on `web_tree`, on a free port, for one test module."""
+    from marin.web import start_server
+
+    server = start_server(web_tree.prefix, port=0).start_in_thread()
+    try:
+        yield server
+    finally:
+        server.shutdown()

@@ -24,21 +24,11 @@ from executor.store import open_store
 from marin.web import start_server
 from marin.web.files import MAX_LINE_BYTES, TEXT_PAGE_BYTES, read_page
 from marin.web.safety import PrefixGuard, Refused
-from tests.marin.browser import WebTree, build_web_tree
 
 
 @pytest.fixture(scope="module")
-def web_tree(tmp_path_factory) -> WebTree:
-    return build_web_tree(str(tmp_path_factory.mktemp("web")))
-
-
-@pytest.fixture(scope="module")
-def server(web_tree):
-    instance = start_server(web_tree.prefix, port=0).start_in_thread()
-    try:
-        yield instance
-    finally:
-        instance.shutdown()
+def server(web_server):
+    return web_server
 
 
 def request(server, target: str, method: str = "GET", headers: dict | None = None, body: bytes | None = None):

@@ -10,23 +10,12 @@ import re
 
 import pytest
 
-from marin.web import start_server
 from tests.marin import sample_tree
-from tests.marin.browser import WebTree, build_web_tree
 
 
 @pytest.fixture(scope="module")
-def web_tree(tmp_path_factory) -> WebTree:
-    return build_web_tree(str(tmp_path_factory.mktemp("web")))
-
-
-@pytest.fixture(scope="module")
-def site(web_tree):
-    server = start_server(web_tree.prefix, port=0).start_in_thread()
-    try:
-        yield server.url.rstrip("/")
-    finally:
-        server.shutdown()
+def site(web_server) -> str:
+    return web_server.url.rstrip("/")
 
 
 def test_click_through_experiment_step_file(page, site, web_tree):
