@@ -68,6 +68,16 @@ class AcquireResult:
     """When not acquired: the current holder. When acquired: the stale lease taken over, if any."""
 
 
+def read_lease(store: Store, output_path: str) -> LeaseRecord | None:
+    """The lease of a step output, or None when there is none (or it cannot be read)."""
+    return LeaseRecord.parse(store.read_bytes(lease_path(output_path)))
+
+
+def lease_is_stale(record: LeaseRecord | None, timeout: float, now: float | None = None) -> bool:
+    """True when nobody holds the lease: absent, or no heartbeat for more than `timeout` seconds."""
+    return record is None or (time.time() if now is None else now) - record.heartbeat > timeout
+
+
 class LeaseManager:
     """The leases one driver holds, and the heartbeat thread that keeps them alive."""
 
@@ -94,12 +104,10 @@ class LeaseManager:
 
     # -- public ---------------------------------------------------------------
     def read(self, output_path: str) -> LeaseRecord | None:
-        return LeaseRecord.parse(self.store.read_bytes(lease_path(output_path)))
+        return read_lease(self.store, output_path)
 
     def is_stale(self, record: LeaseRecord | None, now: float | None = None) -> bool:
-        return (
-            record is None or (time.time() if now is None else now) - record.heartbeat > self.config.timeout
-        )
+        return lease_is_stale(record, self.config.timeout, now)
 
     def try_acquire(self, output_path: str) -> AcquireResult:
         path = lease_path(output_path)

@@ -57,14 +57,15 @@ class Store:
         self.protocol = protocol
 
     # -- naming ---------------------------------------------------------------
-    def _fs_path(self, path: str) -> str:
+    def fs_path(self, path: str) -> str:
+        """`path` as this store's fsspec filesystem names it (for streaming reads through `fs`)."""
         return path
 
     # -- reads ----------------------------------------------------------------
     def read_bytes(self, path: str) -> bytes | None:
         # cat_file is one GET on object stores; open() would first ask for the size (HEAD).
         try:
-            return self.fs.cat_file(self._fs_path(path))
+            return self.fs.cat_file(self.fs_path(path))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
@@ -73,17 +74,17 @@ class Store:
         return None if data is None else data.decode("utf-8")
 
     def exists(self, path: str) -> bool:
-        return self.fs.exists(self._fs_path(path))
+        return self.fs.exists(self.fs_path(path))
 
     def list_dir(self, path: str) -> list[FileInfo]:
         """Direct children of `path`; empty when it does not exist."""
         # Listings must be fresh: another driver may have written since (s3fs caches them).
-        self.fs.invalidate_cache(self._fs_path(path))
+        self.fs.invalidate_cache(self.fs_path(path))
         try:
-            entries = self.fs.ls(self._fs_path(path), detail=True)
+            entries = self.fs.ls(self.fs_path(path), detail=True)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        base = self.fs._strip_protocol(self._fs_path(path)).rstrip("/")
+        base = self.fs._strip_protocol(self.fs_path(path)).rstrip("/")
         out = []
         for entry in entries:
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
@@ -105,21 +106,21 @@ class Store:
 
     # -- writes ---------------------------------------------------------------
     def makedirs(self, path: str) -> None:
-        self.fs.makedirs(self._fs_path(path), exist_ok=True)
+        self.fs.makedirs(self.fs_path(path), exist_ok=True)
 
     def write_atomic(self, path: str, data: bytes | str) -> None:
         # No makedirs: object stores have no directories (s3fs would create a marker
         # object), and fsspec's memory filesystem creates parents itself.
-        with self.fs.open(self._fs_path(path), "wb") as handle:
+        with self.fs.open(self.fs_path(path), "wb") as handle:
             handle.write(_to_bytes(data))
 
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self._fs_path(path))
+            self.fs.rm(self.fs_path(path))
 
     def delete_tree(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self._fs_path(path), recursive=True)
+            self.fs.rm(self.fs_path(path), recursive=True)
 
     def _locked(self, path: str):
         return contextlib.nullcontext()
@@ -166,17 +167,17 @@ class LocalStore(Store):
     def __init__(self):
         super().__init__(fsspec.filesystem("file"), "file")
 
-    def _fs_path(self, path: str) -> str:
+    def fs_path(self, path: str) -> str:
         return path[len("file://") :] if path.startswith("file://") else path
 
     def local_path(self, path: str) -> str:
-        return self._fs_path(path)
+        return self.fs_path(path)
 
     def read_bytes(self, path: str) -> bytes | None:
         # Raw os.read skips Python's buffered-IO layers: ~2.5x faster for the small
         # status files a plan reads by the thousand.
         try:
-            fd = os.open(self._fs_path(path), os.O_RDONLY)
+            fd = os.open(self.fs_path(path), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
@@ -190,13 +191,13 @@ class LocalStore(Store):
             os.close(fd)
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(self._fs_path(path))
+        return os.path.exists(self.fs_path(path))
 
     def makedirs(self, path: str) -> None:
-        os.makedirs(self._fs_path(path), exist_ok=True)
+        os.makedirs(self.fs_path(path), exist_ok=True)
 
     def write_atomic(self, path: str, data: bytes | str) -> None:
-        target = self._fs_path(path)
+        target = self.fs_path(path)
         directory = os.path.dirname(target)
         os.makedirs(directory, exist_ok=True)
         temp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(target)}")
@@ -211,11 +212,11 @@ class LocalStore(Store):
 
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._fs_path(path))
+            os.unlink(self.fs_path(path))
 
     @contextlib.contextmanager
     def _locked(self, path: str):
-        directory = os.path.dirname(self._fs_path(path))
+        directory = os.path.dirname(self.fs_path(path))
         os.makedirs(directory, exist_ok=True)
         # flock on the directory: one lock per output directory, no extra files, and
         # released by the kernel if the process dies while holding it.

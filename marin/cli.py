@@ -24,8 +24,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from executor.main import resolve_prefix
-from executor.store import StoreError
+from executor.store import StoreError, open_store
 from executor.template import TemplateError
+from executor.tree import read_info, utc_now_iso
 from marin.explain import explain, previous_version
 from marin.gc import delete_garbage, find_garbage
 from marin.outputs import OutputTree, RefError, StepOutput, human_duration, human_size, iso_age
@@ -191,7 +192,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     lease = tree.lease(step)
     if lease is not None:
         print(
-            f"\nlease: held by {lease.worker} on {lease.host} (pid {lease.pid}), last heartbeat {iso_age(_iso(lease.heartbeat))}"
+            f"\nlease: held by {lease.worker} on {lease.host} (pid {lease.pid}), last heartbeat {iso_age(utc_now_iso(lease.heartbeat))}"
         )
     files = tree.files(step)
     total = sum(size for _, size in files)
@@ -205,12 +206,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     if tail:
         print(_indent(tail.rstrip()))
     return 0
-
-
-def _iso(timestamp: float) -> str:
-    from executor.tree import utc_now_iso
-
-    return utc_now_iso(timestamp)
 
 
 def _indent(text: str, prefix: str = "  ") -> str:
@@ -295,17 +290,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 # -- reproduce -------------------------------------------------------------------
+def _prefix_of_output(path: str) -> str | None:
+    """The prefix an output directory was written under, from its recorded step name."""
+    info = read_info(open_store(path), path.rstrip("/"))
+    if not info:
+        return None
+    return source_prefix(path, info.get("name", "")) or path.rstrip("/").rsplit("/", 1)[0]
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     source = args.source
     if source is None and ("://" in args.ref or args.ref.startswith("/") or os.path.isdir(args.ref)):
-        probe = OutputTree(
-            os.path.dirname(os.path.abspath(args.ref))
-            if "://" not in args.ref
-            else args.ref.rsplit("/", 1)[0]
-        )
-        step = probe.load_step(args.ref if "://" in args.ref else os.path.abspath(args.ref))
-        if step is not None and step.info:
-            source = source_prefix(step.path, step.info.get("name", "")) or probe.prefix
+        source = _prefix_of_output(args.ref if "://" in args.ref else os.path.abspath(args.ref))
     tree = _tree(argparse.Namespace(prefix=source))
     try:
         report = reproduce(tree, args.ref, args.prefix, allow_code_changes=args.allow_code_changes)

@@ -8,10 +8,9 @@ Successful outputs referenced by a manifest are never garbage.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from executor.lease import LeaseConfig
+from executor.lease import LeaseConfig, lease_is_stale
 from marin.outputs import OutputTree, StepOutput
 
 
@@ -27,12 +26,10 @@ def find_garbage(
 ) -> list[Garbage]:
     """Collectable outputs with the reason and size of each, sorted by path."""
     timeout = LeaseConfig().timeout if lease_timeout is None else lease_timeout
-    moment = time.time() if now is None else now
     referenced = tree.referenced_paths()
     found: list[tuple[StepOutput, str]] = []
     for step in tree.steps:
-        lease = tree.lease(step)
-        if lease is not None and moment - lease.heartbeat <= timeout:
+        if not lease_is_stale(tree.lease(step), timeout, now):
             continue  # running now
         if step.status in ("FAILED", "DEP_FAILED"):
             message = step.last_event.message if step.last_event else None
@@ -52,8 +49,7 @@ def delete_garbage(
     timeout = LeaseConfig().timeout if lease_timeout is None else lease_timeout
     deleted = []
     for item in garbage:
-        lease = tree.lease(item.step)
-        if lease is not None and time.time() - lease.heartbeat <= timeout:
+        if not lease_is_stale(tree.lease(item.step), timeout):
             continue
         tree.store.delete_tree(item.step.path)
         deleted.append(item)

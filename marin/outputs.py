@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
-from executor.lease import LeaseRecord
+from executor.lease import LeaseRecord, read_lease
 from executor.store import FileInfo, Store, normalize_prefix, open_store
 from executor.tree import (
     INFO_FILE,
@@ -34,7 +34,6 @@ from executor.tree import (
     STATUS_FILE,
     StatusEvent,
     info_path,
-    lease_path,
     log_path,
     parse_status,
     status_path,
@@ -311,7 +310,7 @@ class OutputTree:
         if not paths:
             return {}
         fs = self.store.fs
-        names = {path: fs._strip_protocol(self.store._fs_path(path)) for path in paths}
+        names = {path: fs._strip_protocol(self.store.fs_path(path)) for path in paths}
         try:
             found = fs.cat(list(names.values()), on_error="omit")
         except (FileNotFoundError, NotADirectoryError):
@@ -398,7 +397,7 @@ class OutputTree:
         raise RefError(f"no step output matches {ref!r} under {self.prefix}{hint}")
 
     def lease(self, step: StepOutput) -> LeaseRecord | None:
-        return LeaseRecord.parse(self.store.read_bytes(lease_path(step.path)))
+        return read_lease(self.store, step.path)
 
     def log_tail(self, step: StepOutput, max_bytes: int = 8192) -> str | None:
         """The last `max_bytes` of the step's log, without reading it whole where possible."""
@@ -412,7 +411,7 @@ class OutputTree:
                     handle.seek(max(0, size - max_bytes))
                     data = handle.read()
             else:
-                fs_path = self.store._fs_path(path)
+                fs_path = self.store.fs_path(path)
                 size = self.store.fs.size(fs_path)
                 data = self.store.fs.cat_file(fs_path, start=max(0, size - max_bytes))
         except (FileNotFoundError, OSError):
@@ -439,7 +438,7 @@ class OutputTree:
                         continue
             return out
         fs = self.store.fs
-        base = fs._strip_protocol(self.store._fs_path(step.path)).rstrip("/")
+        base = fs._strip_protocol(self.store.fs_path(step.path)).rstrip("/")
         try:
             found = fs.find(base, detail=True)
         except FileNotFoundError:

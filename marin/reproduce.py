@@ -30,7 +30,7 @@ from executor.graph import is_absolute_path, resolve
 from executor.provenance import git_state, package_versions
 from executor.store import Store, normalize_prefix, open_store
 from executor.template import TemplateError, decode_template, import_qualified
-from marin.outputs import BOOKKEEPING, OutputTree, StepOutput
+from marin.outputs import OutputTree, StepOutput
 
 CHUNK = 1 << 20
 MAX_REWRITE_BYTES = 64 << 20
@@ -177,7 +177,7 @@ def check_code(steps: list[StepOutput], allow_code_changes: bool) -> list[str]:
             problems.append(f"{step.name}: step function {info.get('fn_name')} is not importable: {error}")
     commits = {}
     for step in steps:
-        git = ((step.info or {}).get("run") or {}).get("git") or {}
+        git = _run_record(step).get("git") or {}
         if git.get("commit"):
             commits[(git.get("root"), git["commit"])] = (step.name, bool(git.get("dirty")))
     for (root, commit), (name, dirty) in sorted(commits.items(), key=lambda item: item[1][0]):
@@ -205,7 +205,7 @@ def check_code(steps: list[StepOutput], allow_code_changes: bool) -> list[str]:
 
 def package_drift(store: Store, steps: list[StepOutput]) -> list[str]:
     """Packages whose installed version differs from the recorded run's (a warning, not a refusal)."""
-    manifests = {((s.info or {}).get("run") or {}).get("experiment") for s in steps} - {None}
+    manifests = {_run_record(step).get("experiment") for step in steps} - {None}
     now = package_versions()
     drift: dict[str, tuple[str, str]] = {}
     for manifest in sorted(manifests):
@@ -266,19 +266,23 @@ def is_internal(relpath: str) -> bool:
 
 
 def file_digests(
-    tree: OutputTree, step: StepOutput, replace: tuple[str, str] | None = None
+    tree: OutputTree,
+    step: StepOutput,
+    replace: tuple[str, str] | None = None,
+    only: set[str] | None = None,
 ) -> dict[str, str]:
     """SHA-256 of every file of an output (bookkeeping files excluded), streamed.
 
     With `replace=(old, new)`, the digest is of the content with `old` replaced by `new`
-    (for files small enough to hold: they record their own location).
+    (for files small enough to hold: they record their own location). `only` limits the
+    files read.
     """
     digests = {}
     for rel, size in tree.files(step):
-        if rel in BOOKKEEPING:
+        if only is not None and rel not in only:
             continue
         digest = hashlib.sha256()
-        with tree.store.fs.open(tree.store._fs_path(f"{step.path}/{rel}"), "rb") as handle:
+        with tree.store.fs.open(tree.store.fs_path(f"{step.path}/{rel}"), "rb") as handle:
             if replace is not None and size <= MAX_REWRITE_BYTES:
                 digest.update(handle.read().replace(replace[0].encode(), replace[1].encode()))
             else:
@@ -295,7 +299,7 @@ def compare_outputs(
     before, after = file_digests(original, old), file_digests(copy, new)
     different = {k for k in before.keys() & after.keys() if before[k] != after[k]}
     if different:
-        swapped = file_digests(original, old, replace=(original.prefix, copy.prefix))
+        swapped = file_digests(original, old, replace=(original.prefix, copy.prefix), only=different)
         different = {k for k in different if swapped[k] != after[k]}
     same = sorted(k for k in before.keys() & after.keys() if k not in different)
     return FileComparison(

@@ -118,7 +118,7 @@ def open_raw(store: Store, target: Target) -> Iterator[IO[bytes]]:
         with open(target.local, "rb") as handle:
             yield handle
     else:
-        with store.fs.open(store._fs_path(target.path), "rb") as handle:
+        with store.fs.open(store.fs_path(target.path), "rb") as handle:
             yield handle
 
 
@@ -167,7 +167,7 @@ def file_size(store: Store, target: Target) -> int | None:
             import os
 
             return os.path.getsize(target.local)
-        return int(store.fs.size(store._fs_path(target.path)))
+        return int(store.fs.size(store.fs_path(target.path)))
     except (OSError, ValueError, TypeError):
         return None
 

@@ -18,6 +18,7 @@ once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -529,7 +530,7 @@ class App:
     def is_dir(self, target: Target) -> bool:
         if target.local is not None:
             return os.path.isdir(target.local)
-        return bool(self.store.fs.isdir(self.store._fs_path(target.path)))
+        return bool(self.store.fs.isdir(self.store.fs_path(target.path)))
 
     def owning_step(self, tree: _Tree, relpath: str) -> StepOutput | None:
         parts = relpath.split("/")
@@ -783,7 +784,7 @@ class App:
             return False
         if target.local is not None:
             return os.path.isfile(target.local)
-        return bool(self.store.fs.isfile(self.store._fs_path(target.path)))
+        return bool(self.store.fs.isfile(self.store.fs_path(target.path)))
 
     def source_texts(self, source: StepOutput, base: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
         """The source file of each document (its `metadata.path` or id inside `source`)."""
@@ -813,8 +814,6 @@ def _doc_id(record: dict[str, Any]) -> str:
     value = record.get("id")
     if isinstance(value, str | int):
         return str(value)
-    import hashlib
-
     return "sha1:" + hashlib.sha1(str(record.get("text")).encode("utf-8")).hexdigest()[:12]
 
 

@@ -297,11 +297,10 @@ def test_gc_lists_then_deletes_only_garbage(capsys, tree_prefix):
 
     code, out, _ = marin(capsys, "gc", "--prefix", tree_prefix)
     assert code == 0
-    listed = {
-        line.split()[2]: line
-        for line in out.splitlines()[1:]
-        if line.strip() and " B " in line or "KB" in line
-    }
+    # Rows of the SIZE / OUTPUT / WHY table: "1.2 KB  broken/step-1a2b3c4d  failed: ..."
+    rows = [re.match(r"^[\d.]+ [KMGT]?B\s+(\S+)\s+(.*)$", line) for line in out.splitlines()]
+    listed = {row.group(1): row.group(0) for row in rows if row}
+    assert len(listed) == 4, out
     assert any(
         path.startswith("broken/step-") and "failed: RuntimeError: planted failure" in line
         for path, line in listed.items()
