@@ -13,8 +13,14 @@ function over them:
 - in parallel worker processes (`workers`, default: one per core); the function is a
   top-level callable taking `(input_shard, output_shard)` and returning a dict of
   counters, so a Ray backend can later fan the same function out;
-- atomically: each output shard is written under a temporary name and renamed, and its
-  counters are saved next to it (`.shard_stats/<shard>.json`) only after the rename;
+- atomically: each output shard is written under a temporary name (`.tmp-<hex>-<name>`)
+  and renamed, and its counters are saved next to it (`.shard_stats/<shard>.json`) only
+  after the rename; temporary files that a killed writer left behind are removed before
+  and after the map, so an output that returns normally holds none;
+- with no orphans: on Linux a worker asks the kernel to kill it when its parent dies
+  (`PR_SET_PDEATHSIG`), so a SIGKILLed driver leaves no worker writing into its output;
+  an exception or Ctrl-C in the driver terminates the workers instead of waiting for
+  the shards under way;
 - resumably: a shard whose output and counters both exist is not processed again, so a
   crashed step re-run picks up where it stopped;
 - deterministically: output shard i depends only on input shard i, gzip headers carry
@@ -27,11 +33,14 @@ function over them:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gzip
 import io
 import json
 import multiprocessing
 import os
+import re
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -43,6 +52,14 @@ import fsspec
 SHARD_SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl")
 STATS_FILE = "stats.json"
 SHARD_STATS_DIR = ".shard_stats"
+TEMP_PREFIX = ".tmp-"
+# `atomic_output`'s temporary names. The executor's store writes its bookkeeping
+# (`.executor_status`, the lease) with the same naming while a step runs, from its
+# heartbeat thread: those are never touched here.
+_TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{32}-(?!\.executor)")
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# How long a terminated worker gets to exit before it is killed.
+_TERMINATE_GRACE_SECONDS = 5.0
 
 
 def shard_name(index: int, suffix: str = ".jsonl.gz") -> str:
@@ -130,7 +147,9 @@ def atomic_output(path: str) -> Iterator[IO[bytes]]:
     if is_local(path):
         target = _local(path)
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        temp = os.path.join(os.path.dirname(target), f".tmp-{uuid.uuid4().hex}-{os.path.basename(target)}")
+        temp = os.path.join(
+            os.path.dirname(target), f"{TEMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(target)}"
+        )
         try:
             with open(temp, "wb") as handle:
                 yield handle
@@ -211,6 +230,50 @@ def _shard_stats_path(output_dir: str, output_shard: str) -> str:
     return join(output_dir, SHARD_STATS_DIR, output_shard.rsplit("/", 1)[-1] + ".json")
 
 
+def remove_temp_files(directory: str) -> list[str]:
+    """Delete the temporary files `atomic_output` writers left anywhere under `directory`
+    when they were killed (local disk only: object stores publish an object whole or not
+    at all); returns their paths. Call it only while no writer is at work there."""
+    if not is_local(directory):
+        return []
+    removed = []
+    for root, _dirs, files in os.walk(_local(directory)):
+        for name in files:
+            if _TEMP_NAME.match(name):
+                path = os.path.join(root, name)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed.append(path)
+    return removed
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Worker initializer: the kernel kills this worker when the process that forked it
+    dies (the driver; with a fork server, the fork server, which exits with the driver)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)  # the parent died before the prctl took effect
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel the shards not started and end the workers now, mid-shard if need be (their
+    temporary files are removed by the next run); returns once they have exited."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    for process in processes:
+        process.join(_TERMINATE_GRACE_SECONDS)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _run_one(fn: ShardFunction, input_shard: str, output_shard: str, stats_path: str) -> dict[str, Any]:
     stats = fn(input_shard, output_shard)
     write_json_atomic(stats_path, stats)
@@ -234,6 +297,9 @@ def map_shards(
     """
     from tqdm.auto import tqdm
 
+    # Left by a worker or driver killed mid-shard; no writer of this output is alive now
+    # (the executor's lease keeps other drivers out, and workers die with their driver).
+    remove_temp_files(output_dir)
     jobs = []
     results: dict[int, dict[str, Any]] = {}
     for index, input_shard in enumerate(inputs):
@@ -254,8 +320,13 @@ def map_shards(
         else:
             # fork is fastest, but forking a process that has loaded JAX (a tokenize or train
             # step earlier in the same driver) can deadlock: use a fork server then.
-            context = multiprocessing.get_context("forkserver") if "jax" in sys.modules else None
-            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            context = multiprocessing.get_context("forkserver" if "jax" in sys.modules else None)
+            # A fork server's children are its own, not the driver's.
+            parent = None if context.get_start_method() == "forkserver" else os.getpid()
+            pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=context, initializer=_die_with_parent, initargs=(parent,)
+            )
+            try:
                 futures = {
                     pool.submit(_run_one, fn, input_shard, output_shard, stats_path): index
                     for index, input_shard, output_shard, stats_path in jobs
@@ -263,8 +334,13 @@ def map_shards(
                 for future in as_completed(futures):
                     results[futures[future]] = future.result()
                     progress.update()
+            except BaseException:
+                _stop_workers(pool)
+                raise
+            pool.shutdown(wait=True)
     finally:
         progress.close()
+    remove_temp_files(output_dir)
     return [results[index] for index in range(len(inputs))]
 
 

@@ -1,0 +1,190 @@
+"""operations/shards.py's per-shard map when processes die: no orphaned workers, no
+temporary files left in an output that later completes.
+
+The kill tests run a real driver process (`python -c`, importing this module's shard
+function) whose workers write half of every odd shard, record their pid and then hold
+the shard's temporary file open; the test kills the driver (or one worker, or sends the
+driver Ctrl-C) and watches the recorded pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from operations.shards import TEMP_PREFIX, document_writer, map_shards, remove_temp_files
+
+REPO = Path(__file__).resolve().parents[2]
+HOLD_ENV = "MARIN_TEST_SHARD_HOLD_DIR"
+SHARDS = 4
+WORKERS = 2
+HOLD_SECONDS = 120  # far past every deadline below: a worker alive at a deadline was not stopped
+DRIVER = f"""
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the test runner ignores SIGINT
+from operations.shards import map_shards
+from tests.operations.test_shards import numbered_shard, shard_inputs
+map_shards(numbered_shard, shard_inputs(), sys.argv[1], workers={WORKERS})
+"""
+
+
+def shard_inputs() -> list[str]:
+    return [json.dumps({"index": index, "documents": 200}) for index in range(SHARDS)]
+
+
+def numbered_shard(input_shard: str, output_shard: str) -> dict:
+    """Write the shard's documents; with HOLD_ENV set, stop halfway through an odd shard."""
+    spec = json.loads(input_shard)
+    hold = os.environ.get(HOLD_ENV)
+    with document_writer(output_shard) as write:
+        for number in range(spec["documents"]):
+            write(
+                {
+                    "id": f"{spec['index']}-{number}",
+                    "text": f"document {number} " * 8,
+                    "source": "t",
+                    "metadata": {},
+                }
+            )
+            if hold and spec["index"] % 2 == 1 and number == spec["documents"] // 2:
+                record = Path(hold) / f"{spec['index']}.pid"
+                record.with_suffix(".part").write_text(str(os.getpid()))
+                record.with_suffix(".part").rename(record)
+                time.sleep(HOLD_SECONDS)
+    return {"documents": spec["documents"]}
+
+
+def alive(pid: int) -> bool:
+    """A process that still runs (a zombie holds no files and runs nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_until(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        time.sleep(0.05)
+
+
+def temp_files(root: Path) -> list[Path]:
+    return sorted(path for path in root.rglob("*") if path.name.startswith(TEMP_PREFIX))
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(root)): path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()
+    }
+
+
+class HeldDriver:
+    """A driver process mapping `numbered_shard` over SHARDS shards, stopped with workers
+    holding the odd shards half-written."""
+
+    def __init__(self, tmp_path: Path):
+        self.out = tmp_path / "out"
+        self.holds = tmp_path / "holds"
+        self.holds.mkdir()
+        env = {**os.environ, HOLD_ENV: str(self.holds), "PYTHONPATH": str(REPO)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, str(self.out)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            wait_until(lambda: len(self.worker_pids()) == WORKERS, 90, "both workers holding a shard")
+        except AssertionError:
+            self.close()
+            raise
+
+    def worker_pids(self) -> list[int]:
+        return [int(path.read_text()) for path in sorted(self.holds.glob("*.pid"))]
+
+    def close(self) -> None:
+        """Kill whatever this test started and is still running."""
+        for pid in self.worker_pids():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.process.stderr.close()
+
+
+@pytest.fixture
+def held_driver(tmp_path, monkeypatch):
+    monkeypatch.delenv(HOLD_ENV, raising=False)
+    driver = HeldDriver(tmp_path)
+    yield driver
+    driver.close()
+
+
+def test_workers_die_with_a_sigkilled_driver(held_driver):
+    pids = held_driver.worker_pids()
+    assert all(alive(pid) for pid in pids)
+    held_driver.process.send_signal(signal.SIGKILL)
+    held_driver.process.wait(timeout=30)
+    wait_until(lambda: not any(alive(pid) for pid in pids), 10, f"workers {pids} gone after the driver died")
+
+
+def test_ctrl_c_in_the_driver_stops_its_workers_at_once(held_driver):
+    pids = held_driver.worker_pids()
+    held_driver.process.send_signal(signal.SIGINT)
+    held_driver.process.wait(timeout=20)  # not after the held shards (HOLD_SECONDS)
+    assert b"KeyboardInterrupt" in held_driver.process.stderr.read()
+    assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize("killed", ["driver", "worker"])
+def test_rerun_after_a_kill_mid_shard_leaves_no_temporary_files(held_driver, tmp_path, killed):
+    pids = held_driver.worker_pids()
+    if killed == "driver":
+        held_driver.process.send_signal(signal.SIGKILL)
+    else:
+        os.kill(pids[0], signal.SIGKILL)  # the driver sees a broken pool and fails
+    assert held_driver.process.wait(timeout=30) != 0
+    wait_until(lambda: not any(alive(pid) for pid in pids), 10, "workers gone")
+    out = held_driver.out
+    assert temp_files(out), "the kill should leave half-written shards behind"
+
+    stats = map_shards(numbered_shard, shard_inputs(), str(out), workers=WORKERS)
+
+    assert temp_files(out) == []
+    assert stats == [{"documents": 200}] * SHARDS
+    map_shards(numbered_shard, shard_inputs(), str(tmp_path / "clean"), workers=WORKERS)
+    assert tree_bytes(out) == tree_bytes(tmp_path / "clean")
+
+
+def test_stale_temporary_files_anywhere_in_the_output_are_removed(tmp_path):
+    out = tmp_path / "out"
+    stale = [
+        out / f"{TEMP_PREFIX}{'a' * 32}-shard-00000.jsonl.gz",
+        out / f"{TEMP_PREFIX}{'b' * 32}-stats.json",
+        out / ".shard_stats" / f"{TEMP_PREFIX}{'c' * 32}-shard-00001.jsonl.gz.json",
+        out / "work" / f"{TEMP_PREFIX}{'d' * 32}-removed-00000.bin",
+    ]
+    # The executor writes its own bookkeeping with the same naming while the step runs.
+    kept = [out / f"{TEMP_PREFIX}{'e' * 32}-.executor_status", out / "notes.tmp-keep.txt"]
+    for path in stale + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half")
+
+    map_shards(numbered_shard, shard_inputs()[:2], str(out), workers=1)
+
+    assert [path for path in stale if path.exists()] == []
+    assert all(path.exists() for path in kept)
+    assert remove_temp_files(str(out)) == []
+    assert remove_temp_files("memory://anything") == []
