@@ -20,9 +20,27 @@ Encoding (plain JSON, tagged objects for what JSON lacks):
     versioned(v)     {"__versioned__": v}
     anything else    {"__opaque__": "<type>", "repr": "..."}  (decoding refuses it)
 
-Decoding imports modules by name and calls constructors; it never unpickles and never
-evaluates text, so reading a tree written by someone else runs only code you already
-have installed.
+Decoding treats the record as untrusted input (anyone who can write the tree wrote
+it). It never unpickles and never evaluates text; it parses JSON and resolves names
+under a `TrustedCode` policy:
+
+- `__dataclass__`, `__enum__` and `__path__` must name, respectively, a dataclass, an
+  `Enum` member and a `PurePath` type. The object is looked up without running code
+  (no module `__getattr__`, no descriptors) and its kind is checked *before* anything
+  is called; a name that resolves to a function, a builtin or any other class is
+  refused. Only then are the dataclass constructor (with decoded fields), the enum
+  lookup or the path constructor called.
+- `__callable__` (a function stored in a config, which the step may call) and step
+  functions must be plain Python functions whose defining module and source file lie
+  in `TrustedCode.packages` or the checkout (never the tree, never installed packages).
+  With the default policy every function is refused.
+- A module not yet imported is imported only when its file lies where the policy says
+  (trusted packages, the checkout, or installed packages and the standard library for
+  types), checked from its import spec before its code runs. Importing a module runs
+  its top-level code: that is the only code decoding can run besides the constructors
+  above.
+
+Every refusal is a `TemplateError` naming the field (dotted path) and the name.
 """
 
 from __future__ import annotations
@@ -30,8 +48,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
-from collections.abc import Callable
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePath
+from types import FunctionType, ModuleType
 from typing import Any
 
 from executor.fingerprint import canonical_json
@@ -46,33 +69,207 @@ def qualified_name(kind: type | Callable) -> str:
     return f"{kind.__module__}:{kind.__qualname__}"
 
 
-def import_qualified(name: str, field: str = "", modules: dict[str, Any] | None = None) -> Any:
-    """The object named `module:qualname`; TemplateError naming `field` if it cannot be imported.
+def _at(field: str) -> str:
+    return f"field {field or '<root>'!r}"
 
-    `modules` maps module names to already-loaded modules: `__main__` (a step defined in
-    the experiment script itself) maps to that script loaded from its recorded path.
+
+def _under(path: str, directories: Iterable[str]) -> bool:
+    return any(
+        path == directory or path.startswith(directory.rstrip(os.sep) + os.sep) for directory in directories
+    )
+
+
+def _real(paths: Iterable[str | None]) -> tuple[str, ...]:
+    return tuple(os.path.realpath(path) for path in paths if path)
+
+
+def describe(value: Any) -> str:
+    """What kind of object `value` is, for a refusal message."""
+    if inspect.isbuiltin(value):
+        return "a builtin function"
+    if inspect.isfunction(value):
+        return f"a function ({qualified_name(value)})"
+    if isinstance(value, type):
+        if issubclass(value, enum.Enum):
+            return f"the enum {qualified_name(value)}"
+        if dataclasses.is_dataclass(value):
+            return f"the dataclass {qualified_name(value)}"
+        return f"the class {qualified_name(value)}"
+    if inspect.ismodule(value):
+        return f"the module {value.__name__}"
+    return f"a {type(value).__module__}.{type(value).__qualname__} object"
+
+
+class TrustedCode:
+    """Which code a recorded name may reach: the policy `decode_template` resolves names under.
+
+    - `packages`: directories of packages whose functions may be called (this project's);
+    - `checkout`: a directory whose Python files may be imported and whose functions may be
+      called (the git checkout the command runs from), except what lies under `installed`;
+    - `installed`: directories of installed code (standard library, site-packages) whose
+      modules may be imported for their dataclass, enum and path types, never for functions;
+    - `excluded`: directories nothing is imported from or called in, even inside the others
+      (the output trees being read and written);
+    - `aliases`: module names mapped to modules already loaded (`__main__`: the experiment
+      script, loaded by the caller after checking where it is).
+
+    The default (`TrustedCode()`) allows types of modules already imported and no function.
+    Functions it approved are listed in `approved` as (field, name, source file).
     """
-    module_name, _, qualname = name.partition(":")
-    where = f" (field {field!r})" if field else ""
-    try:
-        if modules and module_name in modules:
-            target: Any = modules[module_name]
-        elif module_name == "__main__":
-            raise ImportError("defined in the experiment script (__main__), whose path was not recorded")
-        else:
-            target = importlib.import_module(module_name)
-    except Exception as error:
-        raise TemplateError(
-            f"cannot import module {module_name!r} for {name}{where}: {type(error).__name__}: {error}"
-        ) from error
-    for part in qualname.split("."):
-        if part == "<locals>" or not hasattr(target, part):
+
+    def __init__(
+        self,
+        packages: Iterable[str] = (),
+        checkout: str | None = None,
+        installed: Iterable[str] = (),
+        excluded: Iterable[str] = (),
+        aliases: Mapping[str, ModuleType] | None = None,
+    ):
+        self.packages = _real(packages)
+        self.checkout = os.path.realpath(checkout) if checkout else None
+        self.installed = _real(installed)
+        self.excluded = _real(excluded)
+        self.aliases = dict(aliases or {})
+        self.approved: list[tuple[str, str, str]] = []
+
+    # -- where code lives ------------------------------------------------------
+    def may_run(self, path: str | None) -> bool:
+        """Whether functions defined in the file `path` may be called."""
+        if not path:
+            return False
+        real = os.path.realpath(path)
+        if _under(real, self.excluded):
+            return False
+        if _under(real, self.packages):
+            return True
+        return (
+            self.checkout is not None and _under(real, (self.checkout,)) and not _under(real, self.installed)
+        )
+
+    def may_import(self, path: str) -> bool:
+        """Whether the module file (or package directory) `path` may be imported."""
+        real = os.path.realpath(path)
+        return self.may_run(real) or (not _under(real, self.excluded) and _under(real, self.installed))
+
+    def describe_allowed(self) -> str:
+        places = [*self.packages, *([self.checkout] if self.checkout else [])]
+        return ", ".join(places) or "nowhere (no function is trusted here)"
+
+    # -- names -------------------------------------------------------------------
+    def module(self, name: str) -> ModuleType:
+        """The module `name`: an alias, one already imported, or imported after checking its location."""
+        if name in self.aliases:
+            return self.aliases[name]
+        if name == "__main__":
+            raise TemplateError("it was defined in an experiment script (__main__) that was not loaded")
+        parts = name.split(".")
+        if not all(part.isidentifier() for part in parts):
+            raise TemplateError(f"{name!r} is not a module name")
+        for end in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:end])
+            if prefix in sys.modules:
+                if sys.modules[prefix] is None:
+                    raise TemplateError(f"module {prefix!r} is blocked from importing")
+                continue
+            try:
+                spec = importlib.util.find_spec(prefix)
+            except Exception as error:
+                raise TemplateError(
+                    f"cannot import module {prefix!r}: {type(error).__name__}: {error}"
+                ) from error
+            if spec is None:
+                raise TemplateError(f"cannot import module {prefix!r}: no module of that name is installed")
+            for location in _spec_locations(spec):
+                if not self.may_import(location):
+                    raise TemplateError(
+                        f"module {prefix!r} would be imported from {location}, which is not this project "
+                        "(" + self.describe_allowed() + "), this checkout or installed code: refused"
+                    )
+            try:
+                importlib.import_module(prefix)
+            except Exception as error:
+                raise TemplateError(
+                    f"cannot import module {prefix!r}: {type(error).__name__}: {error}"
+                ) from error
+        return sys.modules[name]
+
+    def resolve(self, name: Any, field: str = "") -> Any:
+        """The object `module:qualname` names, looked up without calling anything."""
+        if not isinstance(name, str) or name.count(":") != 1:
+            raise TemplateError(f"{_at(field)}: {name!r} is not a `module:qualname` name")
+        module_name, qualname = name.split(":")
+        try:
+            target: Any = self.module(module_name)
+        except TemplateError as error:
+            raise TemplateError(f"{_at(field)}: {name} is not importable: {error}") from error
+        for part in qualname.split("."):
+            if part == "<locals>" or not part.isidentifier():
+                raise TemplateError(
+                    f"{_at(field)}: {name} is not importable"
+                    + (" (defined inside a function)" if part == "<locals>" else f": bad name {part!r}")
+                )
+            try:
+                target = inspect.getattr_static(target, part)
+            except AttributeError:
+                raise TemplateError(
+                    f"{_at(field)}: {name} is not importable: {module_name!r} has no attribute {qualname!r}"
+                ) from None
+            if isinstance(target, (staticmethod, classmethod)):
+                target = target.__func__
+        return target
+
+    def dataclass_type(self, name: Any, field: str = "") -> type:
+        kind = self.resolve(name, field)
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            raise TemplateError(f"{_at(field)}: {name} is {describe(kind)}, not a dataclass: refused")
+        return kind
+
+    def enum_type(self, name: Any, field: str = "") -> type[enum.Enum]:
+        kind = self.resolve(name, field)
+        if not (isinstance(kind, type) and issubclass(kind, enum.Enum)):
+            raise TemplateError(f"{_at(field)}: {name} is {describe(kind)}, not an Enum: refused")
+        return kind
+
+    def path_type(self, name: Any, field: str = "") -> type[PurePath]:
+        kind = self.resolve(name, field)
+        if not (isinstance(kind, type) and issubclass(kind, PurePath)):
+            raise TemplateError(f"{_at(field)}: {name} is {describe(kind)}, not a pathlib path type: refused")
+        return kind
+
+    def function(self, name: Any, field: str = "") -> FunctionType:
+        """A function that may be called: plain Python, defined in a trusted package or the checkout."""
+        fn = self.resolve(name, field)
+        if not inspect.isfunction(fn):
             raise TemplateError(
-                f"{name}{where} is not importable: {module_name!r} has no attribute {qualname!r}"
-                + (" (defined inside a function)" if "<locals>" in qualname else "")
+                f"{_at(field)}: {name} is {describe(fn)}; only plain Python functions defined in "
+                f"{self.describe_allowed()} are called: refused"
             )
-        target = getattr(target, part)
-    return target
+        module_file = getattr(sys.modules.get(fn.__module__), "__file__", None)
+        source = fn.__code__.co_filename
+        for location in (module_file, source):
+            if not self.may_run(location):
+                raise TemplateError(
+                    f"{_at(field)}: {name} is defined in {location or 'a module without a file'}, outside "
+                    f"{self.describe_allowed()}: refused"
+                )
+        self.approved.append((field, name, os.path.realpath(source)))
+        return fn
+
+
+def _spec_locations(spec: Any) -> list[str]:
+    """The files and directories importing `spec` reads code from (none: built into Python)."""
+    locations = list(spec.submodule_search_locations or [])
+    if spec.origin and spec.has_location:
+        locations.insert(0, spec.origin)
+    return locations
+
+
+def import_qualified(name: str, field: str = "", modules: dict[str, Any] | None = None) -> Any:
+    """The object named `module:qualname` under the default policy (modules already imported).
+
+    `modules` maps module names to already-loaded modules (`__main__`: the experiment script).
+    """
+    return TrustedCode(aliases=modules).resolve(name, field)
 
 
 def encode_template(value: Any, output_path_of: Callable[[ExecutorStep], str], path: str = "") -> Any:
@@ -141,63 +338,100 @@ def decode_template(
     record: Any,
     input_step: Callable[[str], ExecutorStep],
     path: str = "",
-    modules: dict[str, Any] | None = None,
+    policy: TrustedCode | None = None,
 ) -> Any:
     """Objects from `encode_template`'s JSON; `input_step(output_path)` gives the upstream step.
 
-    `modules`: see `import_qualified`.
+    Names are resolved under `policy` (default: types of modules already imported, no
+    function); see the module docstring for what is refused.
     """
+    policy = policy if policy is not None else TrustedCode()
+    try:
+        return _decode(record, input_step, path, policy)
+    except RecursionError:
+        raise TemplateError(f"{_at(path)}: the recorded config is nested too deeply: refused") from None
 
+
+def _expect(value: Any, kinds: type | tuple[type, ...], path: str, what: str) -> Any:
+    if not isinstance(value, kinds):
+        raise TemplateError(
+            f"{_at(path)}: {what} is {type(value).__name__}, not what the template format has"
+        )
+    return value
+
+
+def _decode(record: Any, input_step: Callable[[str], ExecutorStep], path: str, policy: TrustedCode) -> Any:
     def child(key: str) -> str:
         return f"{path}.{key}" if path else key
 
+    def again(value: Any, at: str) -> Any:
+        return _decode(value, input_step, at, policy)
+
     if isinstance(record, list):
-        return [decode_template(item, input_step, f"{path}[{i}]", modules) for i, item in enumerate(record)]
+        return [again(item, f"{path}[{i}]") for i, item in enumerate(record)]
     if not isinstance(record, dict):
         return record
     if "__dataclass__" in record:
-        kind = import_qualified(record["__dataclass__"], path, modules)
-        fields = {k: decode_template(v, input_step, child(k), modules) for k, v in record["fields"].items()}
+        kind = policy.dataclass_type(record["__dataclass__"], path)
+        recorded = _expect(record.get("fields"), dict, path, "'fields'")
+        fields = {k: again(v, child(k)) for k, v in recorded.items()}
         try:
             return kind(**fields)
         except TypeError as error:
             raise TemplateError(
-                f"field {path or '<root>'!r}: {record['__dataclass__']} no longer accepts the recorded "
+                f"{_at(path)}: {record['__dataclass__']} no longer accepts the recorded "
                 f"fields ({error}); the code changed since the run"
             ) from error
     if "__input__" in record:
-        step = input_step(record["__input__"])
-        marker = InputName(step, record.get("name"))
+        step = input_step(_expect(record["__input__"], str, path, "'__input__'"))
+        marker = InputName(step, _expect(record.get("name"), (str, type(None)), path, "'name'"))
         return marker.nonblocking() if record.get("nonblocking") else marker
     if "__hardcoded__" in record:
-        return InputName.hardcoded(record["__hardcoded__"])
+        return InputName.hardcoded(_expect(record["__hardcoded__"], str, path, "'__hardcoded__'"))
     if "__output__" in record:
-        return OutputName(record["__output__"])
+        return OutputName(_expect(record["__output__"], (str, type(None)), path, "'__output__'"))
     if "__versioned__" in record:
-        return VersionedValue(decode_template(record["__versioned__"], input_step, path, modules))
+        return VersionedValue(again(record["__versioned__"], path))
     if "__enum__" in record:
-        return import_qualified(record["__enum__"], path, modules)[record["name"]]
+        kind = policy.enum_type(record["__enum__"], path)
+        member = kind.__members__.get(_expect(record.get("name"), str, path, "'name'"))
+        if member is None:
+            raise TemplateError(f"{_at(path)}: {record['__enum__']} has no member {record.get('name')!r}")
+        return member
     if "__tuple__" in record:
-        return tuple(decode_template(item, input_step, path, modules) for item in record["__tuple__"])
+        items = _expect(record["__tuple__"], list, path, "'__tuple__'")
+        return tuple(again(item, path) for item in items)
     if "__set__" in record:
-        items = [decode_template(item, input_step, path, modules) for item in record["__set__"]]
-        return frozenset(items) if record.get("frozen") else set(items)
+        items = [again(item, path) for item in _expect(record["__set__"], list, path, "'__set__'")]
+        try:
+            return frozenset(items) if record.get("frozen") else set(items)
+        except TypeError as error:
+            raise TemplateError(f"{_at(path)}: a recorded set holds unhashable items ({error})") from error
     if "__dict__" in record:
-        return {
-            decode_template(k, input_step, path, modules): decode_template(
-                v, input_step, child(str(k)), modules
-            )
-            for k, v in record["__dict__"]
-        }
+        pairs = _expect(record["__dict__"], list, path, "'__dict__'")
+        out: dict[Any, Any] = {}
+        for pair in pairs:
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise TemplateError(f"{_at(path)}: '__dict__' holds {pair!r}, not a [key, value] pair")
+            key = again(pair[0], path)
+            try:
+                out[key] = again(pair[1], child(str(key)))
+            except TypeError as error:
+                raise TemplateError(f"{_at(path)}: a recorded dict key is unhashable ({error})") from error
+        return out
     if "__bytes__" in record:
-        return bytes.fromhex(record["__bytes__"])
+        try:
+            return bytes.fromhex(_expect(record["__bytes__"], str, path, "'__bytes__'"))
+        except ValueError as error:
+            raise TemplateError(f"{_at(path)}: '__bytes__' is not hex ({error})") from error
     if "__path__" in record:
-        return import_qualified(record["__path__"], path, modules)(record["value"])
+        kind = policy.path_type(record["__path__"], path)
+        return kind(_expect(record.get("value"), str, path, "'value'"))
     if "__callable__" in record:
-        return import_qualified(record["__callable__"], path, modules)
+        return policy.function(record["__callable__"], path)
     if "__opaque__" in record:
         raise TemplateError(
-            f"field {path or '<root>'!r} held a {record['__opaque__']} ({record.get('repr')}), which was "
+            f"{_at(path)} held a {record['__opaque__']} ({record.get('repr')}), which was "
             "not recorded in a form that can be rebuilt"
         )
-    return {k: decode_template(v, input_step, child(k), modules) for k, v in record.items()}
+    return {k: again(v, child(k)) for k, v in record.items()}

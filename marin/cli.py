@@ -5,13 +5,15 @@
     marin tree <experiment>          the experiment's DAG with each step's status
     marin why <step>                 why this version's hash differs from the previous one
     marin diff <a> <b>               the same, for any two outputs
-    marin reproduce <step> --prefix NEW   rebuild it into NEW and compare the outputs
+    marin reproduce <step> --into NEW     rebuild it into NEW and compare the outputs
     marin gc [--yes]                 unreferenced, failed and abandoned outputs (delete with --yes)
     marin browse [--port N]          the web browser
 
 The tree is read through the executor's store, so every command works on local disk
-and on fsspec storage (`s3://`, `gs://`). The prefix is `--prefix`, else
-`$MARIN_PREFIX`, else `./marin-output` (as for experiments).
+and on fsspec storage (`s3://`, `gs://`). `--prefix` always names the tree read (default
+`$MARIN_PREFIX`, else `./marin-output`, as for experiments); `marin reproduce` writes
+where `--into` says. Reading a tree parses JSON only and runs none of its names; what
+`marin reproduce` may call is described in `marin.reproduce`.
 """
 
 from __future__ import annotations
@@ -24,15 +26,21 @@ from collections import Counter
 from collections.abc import Sequence
 
 from executor.main import resolve_prefix
-from executor.store import StoreError, open_store
+from executor.store import StoreError
 from executor.template import TemplateError
-from executor.tree import read_info, utc_now_iso
+from executor.tree import info_path, utc_now_iso
 from marin.explain import explain, previous_version
 from marin.gc import delete_garbage, find_garbage
-from marin.outputs import OutputTree, RefError, StepOutput, human_duration, human_size, iso_age
+from marin.outputs import (
+    OutputTree,
+    RefError,
+    StepOutput,
+    TreeFileError,
+    human_duration,
+    human_size,
+    iso_age,
+)
 from marin.reproduce import ReproduceError, reproduce, source_prefix
-
-STATUS_MARK = {"SUCCESS": "ok", "FAILED": "FAILED", "DEP_FAILED": "DEP_FAILED", "RUNNING": "running"}
 
 
 class CliError(Exception):
@@ -74,6 +82,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.name:
         steps = [s for s in steps if args.name in s.relpath]
     sizes = tree.sizes(steps) if not args.no_size else {}
+    for problem in tree.problems + [s.problem for s in steps if s.problem]:
+        print(f"warning: {problem}", file=sys.stderr)
     if args.json:
         print(
             json.dumps(
@@ -159,6 +169,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"  output:      {step.path}")
     print(f"  version:     {step.version_hash or '?'}")
     print(f"  function:    {info.get('fn_name', '?')}")
+    if step.problem:
+        print(f"  NOT READ:    {step.problem}")
     if info.get("description"):
         print(f"  description: {info['description']}")
     if others:
@@ -292,19 +304,35 @@ def cmd_diff(args: argparse.Namespace) -> int:
 # -- reproduce -------------------------------------------------------------------
 def _prefix_of_output(path: str) -> str | None:
     """The prefix an output directory was written under, from its recorded step name."""
-    info = read_info(open_store(path), path.rstrip("/"))
-    if not info:
+    path = path.rstrip("/")
+    try:
+        data = OutputTree(path).read_record(info_path(path))
+        info = json.loads(data) if data else None
+    except (TreeFileError, ValueError, RecursionError) as error:
+        raise CliError(f"cannot read {info_path(path)}: {error}") from error
+    if not isinstance(info, dict):
         return None
-    return source_prefix(path, info.get("name", "")) or path.rstrip("/").rsplit("/", 1)[0]
+    name = info.get("name")
+    return source_prefix(path, name if isinstance(name, str) else "") or path.rsplit("/", 1)[0]
+
+
+MOVED_FLAGS = (
+    "--prefix now names the tree to read, as in every marin command, and --into names the fresh "
+    "prefix to rebuild into: `marin reproduce REF --into NEW [--prefix TREE]`"
+)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    source = args.source
+    if args.source is not None:
+        raise CliError(f"--from was removed: {MOVED_FLAGS}")
+    if args.into is None:
+        raise CliError(f"say where to rebuild with --into NEW. {MOVED_FLAGS}")
+    source = args.prefix
     if source is None and ("://" in args.ref or args.ref.startswith("/") or os.path.isdir(args.ref)):
         source = _prefix_of_output(args.ref if "://" in args.ref else os.path.abspath(args.ref))
     tree = _tree(argparse.Namespace(prefix=source))
     try:
-        report = reproduce(tree, args.ref, args.prefix, allow_code_changes=args.allow_code_changes)
+        report = reproduce(tree, args.ref, args.into, allow_code_changes=args.allow_code_changes)
     except (ReproduceError, TemplateError, RefError) as error:
         raise CliError(str(error)) from error
     print(f"\nreproduced {len(report.steps)} step(s) into {report.new_prefix}:")
@@ -401,15 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
     diff.set_defaults(fn=cmd_diff)
 
     repro = commands.add_parser(
-        "reproduce", help="rebuild a step and its upstream into a fresh prefix and compare the outputs"
+        "reproduce",
+        parents=[common],
+        help="rebuild a step and its upstream into a fresh prefix and compare the outputs",
     )
     repro.add_argument("ref", help="the step (name, hash, or its output path)")
-    repro.add_argument("--prefix", required=True, help="the NEW prefix to rebuild into (must differ)")
     repro.add_argument(
-        "--from",
-        dest="source",
-        help="the tree the step is in (default: taken from a path ref, else $MARIN_PREFIX or ./marin-output)",
+        "--into", metavar="NEW", help="the fresh prefix to rebuild into (required; must not overlap the tree)"
     )
+    repro.add_argument("--from", dest="source", help=argparse.SUPPRESS)
     repro.add_argument(
         "--allow-code-changes",
         action="store_true",

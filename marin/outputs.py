@@ -11,6 +11,14 @@ are added even when the walk would not find them.
 
 On local disk reads are sequential (faster than a pool for small files); on object
 stores every listing level and every step's files are read in parallel.
+
+A tree is untrusted input: anyone who could write under the prefix wrote it. Reading
+one parses JSON and nothing else -- no name recorded in it is imported or called. The
+bookkeeping files read whole (`.executor_info`, `.executor_status`, leases, experiment
+manifests) are capped at `MAX_RECORD_BYTES`; a larger one, a symbolic link that leads
+out of the prefix, or anything but a regular file is not read, and the step says why
+(`StepOutput.problem`, `OutputTree.problems`). Paths a tree records (dependencies,
+manifest entries) are followed only inside the prefix.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
-from executor.lease import LeaseRecord, read_lease
+from executor.lease import LeaseRecord
 from executor.store import FileInfo, Store, normalize_prefix, open_store
 from executor.tree import (
     INFO_FILE,
@@ -34,6 +43,7 @@ from executor.tree import (
     STATUS_FILE,
     StatusEvent,
     info_path,
+    lease_path,
     log_path,
     parse_status,
     status_path,
@@ -49,6 +59,9 @@ _HEX = re.compile(r"^[0-9a-f]{2,64}$")
 PARALLEL_READS = 32
 """Concurrent reads on object stores (1: one at a time, for comparison in bench/tree_tools.py)."""
 
+MAX_RECORD_BYTES = 4 << 20
+"""The most a bookkeeping file read whole may hold (4 MiB; real ones hold a few KB)."""
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -57,17 +70,24 @@ class RefError(LookupError):
     """A step reference (name, hash or path) matches no output, or several."""
 
 
+class TreeFileError(ValueError):
+    """A bookkeeping file that is not read: too large, a link out of the prefix, not a regular file."""
+
+
 _NOT_READ: Any = object()
 
 
-def _parse_info(data: bytes | None) -> dict[str, Any] | None:
+def _parse_info(data: bytes | None, path: str = "") -> tuple[dict[str, Any] | None, str | None]:
+    """(the `.executor_info` record, or None; why it is None when the file exists)."""
     if data is None:
-        return None
+        return None, None
     try:
         record = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
+    except (ValueError, RecursionError):
+        return None, f"{path} is not valid JSON: not read"
+    if not isinstance(record, dict):
+        return None, f"{path} holds a JSON {type(record).__name__}, not an object: not read"
+    return record, None
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,19 +107,38 @@ class StepOutput:
     """`.executor_info` as read with the status, or `_NOT_READ` (then read on first use)."""
 
     read_info: Callable[[], bytes | None] | None = field(default=None, repr=False)
-    """Reads `.executor_info` when it was not read up front (object-store listings)."""
+    """Reads `.executor_info` when it was not read up front (object-store listings); may raise
+    TreeFileError."""
+
+    problems: tuple[str, ...] = ()
+    """Why a bookkeeping file was not read (found when the step was loaded)."""
 
     @cached_property
-    def info(self) -> dict[str, Any] | None:
-        """`.executor_info`, or None when missing or unreadable."""
+    def _info_read(self) -> tuple[dict[str, Any] | None, str | None]:
         if self.preloaded_info is not _NOT_READ:
             return self.preloaded_info
-        return _parse_info(self.read_info()) if self.read_info is not None else None
+        if self.read_info is None:
+            return None, None
+        try:
+            return _parse_info(self.read_info(), info_path(self.path))
+        except TreeFileError as error:
+            return None, str(error)
+
+    @property
+    def info(self) -> dict[str, Any] | None:
+        """`.executor_info`, or None when missing or not read (`problem` says why)."""
+        return self._info_read[0]
+
+    @property
+    def problem(self) -> str | None:
+        """Why a bookkeeping file of this output was not read, or None."""
+        found = [*self.problems, *([self._info_read[1]] if self._info_read[1] else [])]
+        return "; ".join(found) or None
 
     @property
     def name(self) -> str:
-        info = self.info if ("info" in self.__dict__ or self.read_info is None) else None
-        if info and info.get("name"):
+        info = self.info if ("_info_read" in self.__dict__ or self.read_info is None) else None
+        if info and isinstance(info.get("name"), str) and info["name"]:
             return info["name"]
         match = _HASH_SUFFIX.search(self.relpath)
         return self.relpath[: match.start()] if match else self.relpath
@@ -113,7 +152,8 @@ class StepOutput:
 
     @property
     def version_hash(self) -> str | None:
-        return (self.info or {}).get("version_hash")
+        value = (self.info or {}).get("version_hash")
+        return value if isinstance(value, str) else None
 
     @property
     def status(self) -> str:
@@ -140,11 +180,12 @@ class StepOutput:
     def duration_s(self) -> float | None:
         last = self.last_event
         value = last.extra.get("duration_s") if last else None
-        return float(value) if value is not None else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     @property
     def dependencies(self) -> list[dict[str, Any]]:
-        return list((self.info or {}).get("dependencies") or [])
+        recorded = (self.info or {}).get("dependencies")
+        return [entry for entry in recorded if isinstance(entry, dict)] if isinstance(recorded, list) else []
 
 
 @dataclass(frozen=True)
@@ -160,15 +201,18 @@ class Experiment:
 
     @property
     def steps(self) -> list[dict[str, Any]]:
-        return list(self.record.get("steps") or [])
+        recorded = self.record.get("steps")
+        return [entry for entry in recorded if isinstance(entry, dict)] if isinstance(recorded, list) else []
 
     @property
     def created(self) -> str:
-        return self.record.get("created_date") or ""
+        created = self.record.get("created_date")
+        return created if isinstance(created, str) else ""
 
     @property
     def git(self) -> dict[str, Any]:
-        return self.record.get("git") or {}
+        git = self.record.get("git")
+        return git if isinstance(git, dict) else {}
 
 
 def iso_age(date: str | None, now: float | None = None) -> str:
@@ -221,7 +265,11 @@ class OutputTree:
     def __init__(self, prefix: str, store: Store | None = None):
         self.prefix = normalize_prefix(prefix)
         self.store = store or open_store(self.prefix)
-        self.local = self.store.local_path(self.prefix) is not None
+        local = self.store.local_path(self.prefix)
+        self.local = local is not None
+        self._real_prefix = os.path.realpath(local) if local is not None else None
+        self.problems: list[str] = []
+        """Files the walk did not read, and why (an experiment manifest too large, ...)."""
 
     # -- helpers --------------------------------------------------------------
     def _map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
@@ -263,26 +311,132 @@ class OutputTree:
             )
         return sorted(out, key=lambda info: info.name)
 
-    # -- steps ----------------------------------------------------------------
-    def load_step(self, path: str) -> StepOutput | None:
-        """The step output at `path`, or None if it holds no bookkeeping files."""
-        return self._parse_step(
-            path, self.store.read_bytes(info_path(path)), self.store.read_bytes(status_path(path))
+    # -- reading bookkeeping files ---------------------------------------------
+    def contains(self, path: Any) -> bool:
+        """Whether the path string `path` names something strictly inside the prefix (no `..`).
+
+        A local path inside by name may still be a link out of it: `leads_outside` says.
+        """
+        if not isinstance(path, str) or not path.startswith(self.prefix + "/"):
+            return False
+        return not any(
+            part in ("", ".", "..") for part in path[len(self.prefix) + 1 :].rstrip("/").split("/")
         )
 
+    def leads_outside(self, path: str) -> bool:
+        """Whether the local `path` resolves (through symbolic links) to a place outside the prefix."""
+        local = self.store.local_path(path)
+        if local is None or self._real_prefix is None:
+            return False
+        return not os.path.realpath(local).startswith(self._real_prefix.rstrip(os.sep) + os.sep)
+
+    def read_record(self, path: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
+        """A bookkeeping file read whole, at most `limit` bytes; None when it does not exist.
+
+        Raises TreeFileError (naming the file) when it is larger, is not a regular file, or
+        is a link that leads out of the prefix. Never reads more than `limit` + 1 bytes.
+        """
+        local = self.store.local_path(path)
+        if local is None:
+            return self._read_remote(path, limit)
+        if self.leads_outside(path):
+            if not os.path.lexists(local):
+                return None
+            raise TreeFileError(
+                f"{path} leads to {os.path.realpath(local)}, outside the prefix {self.prefix}: not read"
+            )
+        try:
+            fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            mode = os.fstat(fd)
+            if stat.S_ISDIR(mode.st_mode):
+                return None
+            if not stat.S_ISREG(mode.st_mode):
+                raise TreeFileError(f"{path} is not a regular file: not read")
+            if mode.st_size > limit:
+                raise TreeFileError(_too_large(path, mode.st_size, limit))
+            chunks, total = [], 0
+            while total <= limit and (chunk := os.read(fd, min(1 << 16, limit + 1 - total))):
+                chunks.append(chunk)
+                total += len(chunk)
+        finally:
+            os.close(fd)
+        if total > limit:
+            raise TreeFileError(_too_large(path, None, limit))
+        return b"".join(chunks)
+
+    def _read_remote(self, path: str, limit: int) -> bytes | None:
+        fs_path = self.store.fs_path(path)
+        try:
+            data = self.store.fs.cat_file(fs_path, start=0, end=limit + 1)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except OSError:  # some stores refuse a range on an empty object
+            try:
+                size = self.store.fs.size(fs_path)
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                return None
+            if size and size > limit:
+                raise TreeFileError(_too_large(path, size, limit)) from None
+            data = self.store.fs.cat_file(fs_path) if size else b""
+        if len(data) > limit:
+            raise TreeFileError(_too_large(path, None, limit))
+        return data
+
+    def _read_or_problem(self, path: str) -> tuple[bytes | None, str | None]:
+        try:
+            return self.read_record(path), None
+        except TreeFileError as error:
+            return None, str(error)
+
+    # -- steps ----------------------------------------------------------------
+    def load_step(self, path: str) -> StepOutput | None:
+        """The step output at `path`, or None if it holds no bookkeeping files or is not
+        inside the prefix."""
+        if not self.contains(path):
+            return None
+        info, info_problem = self._read_or_problem(info_path(path))
+        status, status_problem = self._read_or_problem(status_path(path))
+        if info_problem or status_problem:
+            return self._parse_step(
+                path, info, status, problems=tuple(p for p in (info_problem, status_problem) if p)
+            )
+        return self._parse_step(path, info, status)
+
     def _parse_step(
-        self, path: str, info_data: bytes | None, status_data: bytes | None, info_read: bool = True
+        self,
+        path: str,
+        info_data: bytes | None,
+        status_data: bytes | None,
+        info_read: bool = True,
+        problems: tuple[str, ...] = (),
     ) -> StepOutput | None:
-        if info_data is None and status_data is None and info_read:
+        if info_data is None and status_data is None and info_read and not problems:
             return None
         try:
             history = tuple(parse_status(status_data.decode("utf-8") if status_data else None))
-        except (ValueError, KeyError, UnicodeDecodeError):
+            for event in history:
+                if not isinstance(event.date, str) or not isinstance(event.message, (str, type(None))):
+                    raise ValueError("malformed event")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             history = ()
+            problems = (*problems, f"{status_path(path)} is not a status history: not read")
         if info_read:
-            return StepOutput(path, self.relpath(path), history, preloaded_info=_parse_info(info_data))
+            return StepOutput(
+                path,
+                self.relpath(path),
+                history,
+                preloaded_info=_parse_info(info_data, info_path(path)),
+                problems=problems,
+            )
         return StepOutput(
-            path, self.relpath(path), history, read_info=lambda: self.store.read_bytes(info_path(path))
+            path,
+            self.relpath(path),
+            history,
+            read_info=lambda: self.read_record(info_path(path)),
+            problems=problems,
         )
 
     def _load_listed(self, paths: list[str]) -> list[StepOutput | None]:
@@ -298,25 +452,45 @@ class OutputTree:
         statuses = self._cat_many([status_path(path) for path in paths])
         missing = [path for path in paths if statuses[status_path(path)] is None]
         infos = self._cat_many([info_path(path) for path in missing])
-        return [
-            self._parse_step(path, infos.get(info_path(path)), None)
-            if path in infos
-            else self._parse_step(path, None, statuses[status_path(path)], info_read=False)
-            for path in paths
-        ]
+        loaded = []
+        for path in paths:
+            status = statuses[status_path(path)]
+            if path in infos:
+                info = infos[info_path(path)]
+                if isinstance(info, TreeFileError):
+                    loaded.append(self._parse_step(path, None, None, problems=(str(info),)))
+                else:
+                    loaded.append(self._parse_step(path, info, None))
+            elif isinstance(status, TreeFileError):
+                loaded.append(self._parse_step(path, None, None, info_read=False, problems=(str(status),)))
+            else:
+                loaded.append(self._parse_step(path, None, status, info_read=False))
+        return loaded
 
-    def _cat_many(self, paths: list[str]) -> dict[str, bytes | None]:
-        """{path: content or None when missing}, fetched concurrently."""
+    def _cat_many(self, paths: list[str]) -> dict[str, bytes | TreeFileError | None]:
+        """{path: content, None when missing, or the TreeFileError}, fetched concurrently and
+        never more than `MAX_RECORD_BYTES` + 1 bytes of each."""
         if not paths:
             return {}
         fs = self.store.fs
-        names = {path: fs._strip_protocol(self.store.fs_path(path)) for path in paths}
+        names = [fs._strip_protocol(self.store.fs_path(path)) for path in paths]
+        limit = MAX_RECORD_BYTES
         try:
-            found = fs.cat(list(names.values()), on_error="omit")
+            found = fs.cat_ranges(names, [0] * len(names), [limit + 1] * len(names), on_error="return")
         except (FileNotFoundError, NotADirectoryError):
-            found = {}
-        by_name = {fs._strip_protocol(name): data for name, data in found.items()}
-        return {path: by_name.get(name) for path, name in names.items()}
+            found = [None] * len(names)
+        out: dict[str, bytes | TreeFileError | None] = {}
+        for path, data in zip(paths, found, strict=True):
+            if isinstance(data, (FileNotFoundError, IsADirectoryError, NotADirectoryError)) or data is None:
+                out[path] = None
+            elif isinstance(data, BaseException):  # e.g. a range refused on an empty object
+                read, problem = self._read_or_problem(path)
+                out[path] = TreeFileError(problem) if problem else read
+            elif len(data) > limit:
+                out[path] = TreeFileError(_too_large(path, None, limit))
+            else:
+                out[path] = data
+        return out
 
     @cached_property
     def steps(self) -> list[StepOutput]:
@@ -341,7 +515,7 @@ class OutputTree:
             entry["output_path"]
             for experiment in self.experiments
             for entry in experiment.steps
-            if entry.get("output_path") and entry["output_path"] not in found
+            if self.contains(entry.get("output_path")) and entry["output_path"] not in found
         }
         for step in self._map(self.load_step, sorted(extra)):
             if step is not None:
@@ -397,7 +571,11 @@ class OutputTree:
         raise RefError(f"no step output matches {ref!r} under {self.prefix}{hint}")
 
     def lease(self, step: StepOutput) -> LeaseRecord | None:
-        return read_lease(self.store, step.path)
+        """The step's lease; None when there is none or it cannot be read (like an expired one)."""
+        try:
+            return LeaseRecord.parse(self.read_record(lease_path(step.path)))
+        except TreeFileError:
+            return None
 
     def log_tail(self, step: StepOutput, max_bytes: int = 8192) -> str | None:
         """The last `max_bytes` of the step's log, without reading it whole where possible."""
@@ -465,12 +643,19 @@ class OutputTree:
         entries = [e for e in self.list_dir(base) if not e.is_dir and e.name.endswith(".json")]
 
         def load(entry: FileInfo) -> Experiment | None:
-            text = self.store.read_text(entry.path)
             try:
-                record = json.loads(text) if text else None
-            except json.JSONDecodeError:
-                record = None
-            return Experiment(entry.path, record) if isinstance(record, dict) else None
+                data = self.read_record(entry.path)
+                record = json.loads(data) if data else None
+            except TreeFileError as error:
+                self.problems.append(str(error))
+                return None
+            except (ValueError, RecursionError):
+                self.problems.append(f"{entry.path} is not valid JSON: not read")
+                return None
+            if not isinstance(record, dict):
+                self.problems.append(f"{entry.path} is not a JSON object: not read")
+                return None
+            return Experiment(entry.path, record)
 
         loaded = [exp for exp in self._map(load, entries) if exp is not None]
         return sorted(loaded, key=lambda exp: exp.created, reverse=True)
@@ -497,7 +682,7 @@ class OutputTree:
         if "steps" in self.__dict__:
             loaded = [self.by_path.get(entry.get("output_path", "")) for entry in entries]
         else:  # read only this experiment's steps, not the whole tree
-            loaded = self._map(lambda entry: self.load_step(entry.get("output_path", "")), entries)
+            loaded = self._map(lambda entry: self.load_step(entry.get("output_path") or ""), entries)
         return list(zip(entries, loaded, strict=True))
 
     def referenced_paths(self) -> set[str]:
@@ -505,5 +690,10 @@ class OutputTree:
             entry["output_path"]
             for experiment in self.experiments
             for entry in experiment.steps
-            if entry.get("output_path")
+            if isinstance(entry.get("output_path"), str)
         }
+
+
+def _too_large(path: str, size: int | None, limit: int) -> str:
+    held = f"{size:,} bytes" if size is not None else "more"
+    return f"{path} holds {held}, more than the {limit:,} bytes a bookkeeping file may hold: not read"

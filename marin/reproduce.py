@@ -2,14 +2,33 @@
 
 From each output's `.executor_info` (never anything pickled):
 
-1. check that the step function and every config type are importable (`module:qualname`)
-   and that the code is the recorded git commit -- refuse, saying which, otherwise;
+1. check that the code here is the recorded git commit (of the checkout this runs from,
+   never a directory the tree names) -- refuse, naming both commits, otherwise;
 2. declare the steps again from `config_template` (inputs wired to the rebuilt
-   upstream steps, `versioned()` and `this_output_path()` where they were);
-3. resolve them under the new prefix and check that every version hash equals the
+   upstream steps, `versioned()` and `this_output_path()` where they were), under the
+   `TrustedCode` policy below; any refusal, for any step, stops everything before a step
+   runs;
+3. print every function it will call (`module:qualname` and source file);
+4. resolve them under the new prefix and check that every version hash equals the
    recorded one (a changed default or dataclass shows up here, with the fields);
-4. run them with the executor, then compare every file of every rebuilt output with
+5. run them with the executor, then compare every file of every rebuilt output with
    the original by SHA-256 and report equal, differing, missing and extra files.
+
+The tree is untrusted input, so what a recorded name may reach is fixed here, not by
+the tree:
+
+- step functions and functions stored in configs (`__callable__`) are called only if
+  they are plain Python functions defined (module file and source file) in this
+  project's packages (`PROJECT_PACKAGES`) or in the git checkout `marin reproduce`
+  runs from (the current directory's repository; the directory itself outside git),
+  leaving out installed packages, the virtual environment and both output trees;
+- config types must be dataclasses, Enum members or pathlib path types (checked after
+  the lookup, before anything is called), from modules already imported, of the
+  project or the checkout, or installed (standard library, site-packages);
+- a step defined in an experiment script (`__main__:fn`) is loaded from that script only
+  if it lies inside the checkout (a script recorded elsewhere is looked up at the same
+  path relative to the checkout); no directory the tree records is put on `sys.path`
+  or has git run in it.
 """
 
 from __future__ import annotations
@@ -18,7 +37,10 @@ import hashlib
 import importlib.util
 import json
 import os
+import site
+import stat
 import sys
+import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -28,13 +50,17 @@ from executor import Executor, ExecutorStep
 from executor.diffing import diff_versions
 from executor.graph import is_absolute_path, resolve
 from executor.provenance import git_state, package_versions
-from executor.store import Store, normalize_prefix, open_store
-from executor.template import TemplateError, decode_template, import_qualified
-from marin.outputs import OutputTree, StepOutput
+from executor.store import normalize_prefix, open_store
+from executor.template import TemplateError, TrustedCode, decode_template
+from executor.tree import info_path
+from marin.outputs import EXPERIMENTS_DIR, OutputTree, StepOutput, TreeFileError
 
 CHUNK = 1 << 20
 MAX_REWRITE_BYTES = 64 << 20
 """Files up to this size are also compared with the old prefix replaced by the new one."""
+
+PROJECT_PACKAGES = ("executor", "operations", "marin", "experiments")
+"""The packages whose functions `marin reproduce` may call wherever they are installed."""
 
 
 class ReproduceError(RuntimeError):
@@ -85,15 +111,26 @@ def _closure(tree: OutputTree, target: StepOutput) -> list[StepOutput]:
     def visit(step: StepOutput, chain: tuple[str, ...]) -> None:
         if step.path in seen:
             return
-        for dependency in step.dependencies:
+        if step.info is None:
+            raise ReproduceError(
+                f"{info_path(step.path)}: {step.problem or 'missing: the recipe of this output is gone'}"
+            )
+        for index, dependency in enumerate(step.dependencies):
             path = dependency.get("output_path")
+            if not tree.contains(path):
+                raise ReproduceError(
+                    f"{info_path(step.path)}: field 'dependencies[{index}].output_path' is {path!r}, not a "
+                    f"path inside the prefix {tree.prefix}: refused"
+                )
             if path in chain:
                 raise ReproduceError(f"recorded dependencies form a cycle through {path}")
-            upstream = tree.load_step(path) if path else None
+            upstream = tree.load_step(path)
             if upstream is None or upstream.info is None:
-                raise ReproduceError(
-                    f"step {step.name} needs {dependency.get('name')} at {path}, whose .executor_info is "
+                why = (upstream.problem if upstream else None) or (
                     "missing: the upstream output was deleted, so its recipe is gone"
+                )
+                raise ReproduceError(
+                    f"step {step.name} needs {dependency.get('name')} at {path}: {info_path(path)}: {why}"
                 )
             visit(upstream, (*chain, step.path))
         seen.add(step.path)
@@ -104,17 +141,59 @@ def _closure(tree: OutputTree, target: StepOutput) -> list[StepOutput]:
 
 
 def _run_record(step: StepOutput) -> dict[str, Any]:
-    return (step.info or {}).get("run") or {}
+    run = (step.info or {}).get("run")
+    return run if isinstance(run, dict) else {}
+
+
+def _git_record(step: StepOutput) -> dict[str, Any]:
+    git = _run_record(step).get("git")
+    return git if isinstance(git, dict) else {}
+
+
+def checkout_root() -> str:
+    """The git checkout `marin reproduce` runs from (the current directory outside git)."""
+    return git_state(os.getcwd()).get("root") or os.getcwd()
+
+
+def _package_dirs() -> list[str]:
+    dirs = []
+    for name in PROJECT_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None:
+            dirs += list(spec.submodule_search_locations or [])
+    return dirs
+
+
+def _installed_dirs() -> list[str]:
+    paths = sysconfig.get_paths()
+    dirs = [paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    dirs += [*site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.exec_prefix]
+    return [d for d in dirs if d]
+
+
+def trusted_code(tree: OutputTree, new_prefix: str, checkout: str) -> TrustedCode:
+    """What recorded names may reach: this project, the checkout, installed code for types."""
+    trees = [tree.store.local_path(tree.prefix), open_store(new_prefix).local_path(new_prefix)]
+    return TrustedCode(
+        packages=_package_dirs(),
+        checkout=checkout,
+        installed=_installed_dirs(),
+        excluded=[path for path in trees if path],
+    )
 
 
 _SCRIPTS: dict[str, ModuleType] = {}
 
 
 def load_script(path: str) -> ModuleType:
-    """The experiment script at `path` as a module (its `if __name__ == "__main__":` part does not run)."""
+    """The experiment script at `path` as a module (its `if __name__ == "__main__":` part does not run).
+
+    Callers check first that `path` lies where code may run (`script_for`).
+    """
     if path not in _SCRIPTS:
-        if not os.path.isfile(path):
-            raise TemplateError(f"the experiment script {path} that defined it no longer exists")
         name = "_marin_script_" + hashlib.sha256(path.encode()).hexdigest()[:12]
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
@@ -132,60 +211,56 @@ def load_script(path: str) -> ModuleType:
     return _SCRIPTS[path]
 
 
-def modules_for(step: StepOutput) -> dict[str, ModuleType]:
-    """Module aliases for decoding `step`'s recorded names: `__main__` is its experiment script."""
+def script_for(step: StepOutput, policy: TrustedCode) -> str | None:
+    """The experiment script that defined `step`'s `__main__:` names, inside the checkout; None if unused.
+
+    The recorded path is tried as it is and, when it was inside the recorded checkout, at
+    the same place relative to this one; either must be a file where code may run.
+    """
     info = step.info or {}
     if "__main__:" not in json.dumps([info.get("fn_name"), info.get("config_template")]):
-        return {}
+        return None
     script = _run_record(step).get("script")
-    if not script:
-        raise TemplateError(
-            f"{step.name} was defined in an experiment script (__main__) whose path was not recorded"
-        )
-    return {"__main__": load_script(script)}
+    if not isinstance(script, str) or not script:
+        raise TemplateError("it was defined in an experiment script (__main__) whose path was not recorded")
+    candidates = [script]
+    root = _git_record(step).get("root")
+    if isinstance(root, str) and os.path.isabs(root) and os.path.isabs(script) and policy.checkout:
+        relative = os.path.relpath(script, root)
+        if not relative.startswith(".."):
+            candidates.append(os.path.join(policy.checkout, relative))
+    for candidate in candidates:
+        if os.path.isfile(candidate) and policy.may_run(candidate):
+            return os.path.realpath(candidate)
+    raise TemplateError(
+        f"field 'run.script': the experiment script {script} is not a file inside this checkout "
+        f"({policy.checkout}): refused (run marin reproduce from the checkout that holds it)"
+    )
 
 
-def add_import_roots(steps: list[StepOutput]) -> None:
-    """Let recorded module names import the way they did: the run's working directory and repository."""
-    roots = [os.getcwd()]
-    for step in steps:
-        run = _run_record(step)
-        roots += [run.get("cwd"), (run.get("git") or {}).get("root")]
-    # In front, as for the original run (`python -m`, pytest): a project's own top-level
-    # packages must win over same-named ones that some installed distribution ships.
-    for root in reversed(roots):
-        if root and os.path.isdir(root) and root not in sys.path:
+def add_import_roots(checkout: str) -> None:
+    """Let this checkout's modules import by name (never a directory the tree records)."""
+    for root in {os.getcwd(), checkout}:
+        if root not in sys.path:
             sys.path.insert(0, root)
 
 
-def check_code(steps: list[StepOutput], allow_code_changes: bool) -> list[str]:
-    """Refuse (ReproduceError) when recorded code is not importable or not at the recorded commit."""
+def check_commit(steps: list[StepOutput], checkout: str, allow_code_changes: bool) -> list[str]:
+    """Refuse (ReproduceError) when this checkout is not at the recorded git commit."""
     warnings: list[str] = []
     problems: list[str] = []
-    add_import_roots(steps)
+    commits: dict[str, tuple[str, bool]] = {}
     for step in steps:
-        info = step.info or {}
-        if "config_template" not in info:
-            problems.append(
-                f"{step.name} ({step.relpath}): no config_template in .executor_info (written by an older "
-                "version of the executor); re-run the step once to record it"
-            )
-            continue
-        try:
-            import_qualified(info.get("fn_name", ""), "fn", modules_for(step))
-        except TemplateError as error:
-            problems.append(f"{step.name}: step function {info.get('fn_name')} is not importable: {error}")
-    commits = {}
-    for step in steps:
-        git = _run_record(step).get("git") or {}
-        if git.get("commit"):
-            commits[(git.get("root"), git["commit"])] = (step.name, bool(git.get("dirty")))
-    for (root, commit), (name, dirty) in sorted(commits.items(), key=lambda item: item[1][0]):
-        current = git_state(root if root and os.path.isdir(root) else os.getcwd())
-        if current.get("commit") != commit:
+        git = _git_record(step)
+        commit = git.get("commit")
+        if isinstance(commit, str) and commit:
+            commits.setdefault(commit, (step.name, bool(git.get("dirty"))))
+    current = git_state(checkout).get("commit") if commits else None
+    for commit, (name, dirty) in sorted(commits.items(), key=lambda item: item[1][0]):
+        if current != commit:
             message = (
-                f"{name} was made by git commit {commit[:12]} of {root}; the code here is at "
-                f"{(current.get('commit') or 'no git checkout')[:12]}"
+                f"{name} was made by git commit {commit[:12]}; this checkout ({checkout}) is at "
+                f"{(current or 'no git commit')[:12]}"
             )
             if allow_code_changes:
                 warnings.append(message + " (--allow-code-changes given: going on)")
@@ -203,29 +278,48 @@ def check_code(steps: list[StepOutput], allow_code_changes: bool) -> list[str]:
     return warnings
 
 
-def package_drift(store: Store, steps: list[StepOutput]) -> list[str]:
+def package_drift(tree: OutputTree, steps: list[StepOutput]) -> list[str]:
     """Packages whose installed version differs from the recorded run's (a warning, not a refusal)."""
-    manifests = {_run_record(step).get("experiment") for step in steps} - {None}
+    manifests = {_run_record(step).get("experiment") for step in steps}
+    experiments_dir = f"{tree.prefix}/{EXPERIMENTS_DIR}/"
     now = package_versions()
     drift: dict[str, tuple[str, str]] = {}
-    for manifest in sorted(manifests):
-        text = store.read_text(manifest)
-        if not text:
+    notes: list[str] = []
+    for manifest in sorted(m for m in manifests if isinstance(m, str)):
+        if not (tree.contains(manifest) and manifest.startswith(experiments_dir)):
+            notes.append(f"experiment manifest {manifest!r} is not under {experiments_dir}: not read")
             continue
-        recorded = (json.loads(text).get("packages")) or {}
+        try:
+            data = tree.read_record(manifest)
+            recorded = (json.loads(data) if data else {}).get("packages") or {}
+        except TreeFileError as error:
+            notes.append(str(error))
+            continue
+        except (ValueError, AttributeError, RecursionError):
+            notes.append(f"{manifest} is not a JSON object: package versions not compared")
+            continue
+        if not isinstance(recorded, dict):
+            continue
         for name, version in recorded.items():
             if now.get(name) != version:
-                drift[name] = (version, now.get(name) or "not installed")
+                drift[name] = (str(version), now.get(name) or "not installed")
     if not drift:
-        return []
+        return notes
     listed = ", ".join(f"{name} {old} -> {new}" for name, (old, new) in sorted(drift.items())[:12])
     more = f" and {len(drift) - 12} more" if len(drift) > 12 else ""
-    return [f"{len(drift)} installed packages differ from the recorded run: {listed}{more}"]
+    return [*notes, f"{len(drift)} installed packages differ from the recorded run: {listed}{more}"]
 
 
-def rebuild_steps(steps: list[StepOutput], old_prefix: str) -> dict[str, ExecutorStep]:
-    """Declarations equivalent to the recorded ones, keyed by the original output path."""
+def rebuild_steps(steps: list[StepOutput], old_prefix: str, policy: TrustedCode) -> dict[str, ExecutorStep]:
+    """Declarations equivalent to the recorded ones, keyed by the original output path.
+
+    Checks every step before returning; one ReproduceError lists every refusal (the
+    `.executor_info` file, the field and the name). Nothing recorded is called here
+    except the constructors of checked dataclass, enum and path types.
+    """
     built: dict[str, ExecutorStep] = {}
+    problems: list[str] = []
+    calls: list[str] = []
 
     def input_step(path: str) -> ExecutorStep:
         if path not in built:
@@ -234,30 +328,52 @@ def rebuild_steps(steps: list[StepOutput], old_prefix: str) -> dict[str, Executo
 
     for step in steps:
         info = step.info or {}
+        where = f"{info_path(step.path)} ({step.name})"
+        if "config_template" not in info:
+            problems.append(
+                f"{where}: no config_template (written by an older version of the executor); re-run the "
+                "step once to record it"
+            )
+            continue
+        approved = len(policy.approved)
         try:
-            modules = modules_for(step)
-            config = decode_template(info["config_template"], input_step, modules=modules)
-            fn: Callable[..., Any] = import_qualified(info["fn_name"], "fn", modules)
+            script = script_for(step, policy)
+            policy.aliases = {"__main__": load_script(script)} if script else {}
+            fn = policy.function(info.get("fn_name"), "fn_name")
+            config = decode_template(info["config_template"], input_step, policy=policy)
+            override = info.get("override_output_path")
+            if override is not None and not isinstance(override, str):
+                raise TemplateError(f"field 'override_output_path' is {override!r}, not a path")
         except TemplateError as error:
-            raise ReproduceError(f"cannot rebuild {step.name} ({step.relpath}): {error}") from error
-        override = info.get("override_output_path")
+            problems.append(f"{where}: {error}")
+            continue
         if override and is_absolute_path(override):
             if not override.startswith(old_prefix + "/"):
-                raise ReproduceError(
-                    f"{step.name} writes to the absolute path {override} (override_output_path), outside "
+                problems.append(
+                    f"{where}: writes to the absolute path {override} (override_output_path), outside "
                     "the prefix: reproducing it would overwrite the original"
                 )
+                continue
             override = override[len(old_prefix) + 1 :]
+        for field_name, name, source in policy.approved[approved:]:
+            role = "its function" if field_name == "fn_name" else f"in config field {field_name!r}"
+            calls.append(f"{step.name}: {name} ({role}), defined in {source}")
+        description = info.get("description")
+        groups = info.get("pip_dependency_groups")
         built[step.path] = ExecutorStep(
-            name=info["name"],
+            name=str(info.get("name") or step.name),
             fn=fn,
             config=config,
-            description=info.get("description"),
+            description=description if isinstance(description, str) else None,
             override_output_path=override,
-            pip_dependency_groups=info.get("pip_dependency_groups"),
+            pip_dependency_groups=groups if isinstance(groups, list) else None,
             resources=info.get("resources"),
         )
-    return built
+    if problems:
+        raise ReproduceError(
+            "cannot reproduce (nothing was run):\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+    return built, calls
 
 
 def is_internal(relpath: str) -> bool:
@@ -281,8 +397,15 @@ def file_digests(
     for rel, size in tree.files(step):
         if only is not None and rel not in only:
             continue
+        path = f"{step.path}/{rel}"
+        local = tree.store.local_path(path)
+        if local is not None and (tree.leads_outside(path) or not stat.S_ISREG(os.stat(local).st_mode)):
+            # A link out of the tree or a device/FIFO: compare what it is, never read it.
+            target = os.readlink(local) if os.path.islink(local) else "special file"
+            digests[rel] = "not read: " + target
+            continue
         digest = hashlib.sha256()
-        with tree.store.fs.open(tree.store.fs_path(f"{step.path}/{rel}"), "rb") as handle:
+        with tree.store.fs.open(tree.store.fs_path(path), "rb") as handle:
             if replace is not None and size <= MAX_REWRITE_BYTES:
                 digest.update(handle.read().replace(replace[0].encode(), replace[1].encode()))
             else:
@@ -330,27 +453,47 @@ def reproduce(
     allow_code_changes: bool = False,
     progress: Callable[[str], None] = print,
 ) -> ReproduceReport:
-    """Rebuild `ref` (and its upstream) from `tree` into `new_prefix` and compare outputs."""
+    """Rebuild `ref` (and its upstream) from `tree` into `new_prefix` and compare outputs.
+
+    Raises ReproduceError, before any step runs, when the code is not at the recorded
+    commit or a recorded name is refused (see the module docstring).
+    """
     target = tree.find(ref)
     new_prefix = normalize_prefix(new_prefix)
-    if new_prefix == tree.prefix:
-        raise ReproduceError(f"--prefix {new_prefix} is the prefix the output lives in; give a fresh one")
+    for a, b in ((new_prefix, tree.prefix), (tree.prefix, new_prefix)):
+        if a == b or a.startswith(b + "/"):
+            raise ReproduceError(
+                f"--into {new_prefix} overlaps the tree the output lives in ({tree.prefix}); give a fresh prefix"
+            )
     steps = _closure(tree, target)
     report = ReproduceReport(target=target.path, new_prefix=new_prefix, steps=[s.name for s in steps])
-    report.warnings += check_code(steps, allow_code_changes)
-    report.warnings += package_drift(tree.store, steps)
+    checkout = checkout_root()
+    report.warnings += check_commit(steps, checkout, allow_code_changes)
+    report.warnings += package_drift(tree, steps)
     for warning in report.warnings:
         progress(f"warning: {warning}")
-    built = rebuild_steps(steps, tree.prefix)
-    graph = resolve([built[target.path]], new_prefix)
+    policy = trusted_code(tree, new_prefix, checkout)
+    add_import_roots(checkout)
+    built, calls = rebuild_steps(steps, tree.prefix, policy)
+    progress("functions it will call (checked: defined in this project or this checkout):")
+    for call in calls:
+        progress(f"  {call}")
+    try:
+        graph = resolve([built[target.path]], new_prefix)
+    except (ValueError, TypeError) as error:
+        raise ReproduceError(f"the rebuilt steps cannot be resolved: {error}") from error
     mismatches = []
     for step in steps:
         resolved = graph.resolved(built[step.path])
         recorded = step.version_hash
         if recorded != resolved.version_hash:
-            reasons = diff_versions((step.info or {}).get("version", {}), resolved.version) or [
-                "(versions differ)"
-            ]
+            recorded_version = (step.info or {}).get("version")
+            try:
+                reasons = diff_versions(
+                    recorded_version if isinstance(recorded_version, dict) else {}, resolved.version
+                ) or ["(versions differ)"]
+            except (AttributeError, TypeError, KeyError):
+                reasons = ["(the recorded version is malformed)"]
             mismatches.append(
                 f"{step.name}: recorded {str(recorded)[:8]}, rebuilt {resolved.version_hash[:8]}: "
                 + "; ".join(reasons)

@@ -149,7 +149,7 @@ def test_why_with_one_version_and_diff_of_two(capsys, tree_prefix):
 # -- reproduce ------------------------------------------------------------------------------
 def test_reproduce_matches(capsys, tree_prefix, tmp_path):
     code, out, _ = marin(
-        capsys, "reproduce", "checkpoints/curve", "--from", tree_prefix, "--prefix", str(tmp_path / "again")
+        capsys, "reproduce", "checkpoints/curve", "--prefix", tree_prefix, "--into", str(tmp_path / "again")
     )
     assert code == 0, out
     assert "rebuilt 5 step(s) with identical version hashes" in out
@@ -166,7 +166,7 @@ def test_reproduce_matches(capsys, tree_prefix, tmp_path):
 
 def test_reproduce_by_path_reports_a_difference(capsys, tree_prefix, tmp_path):
     stamp = OutputTree(tree_prefix).find("analysis/stamp")
-    code, out, _ = marin(capsys, "reproduce", stamp.path, "--prefix", str(tmp_path / "again"))
+    code, out, _ = marin(capsys, "reproduce", stamp.path, "--into", str(tmp_path / "again"))
     assert code == 1
     assert "analysis/stamp: DIFFERENT" in out
     assert "differs: stamp.txt" in out
@@ -178,7 +178,7 @@ def test_reproduce_refuses_unimportable_code(capsys, tree_prefix, tmp_path):
     curve = step_dir(tree_prefix, "checkpoints/curve")
     edit_info(curve, lambda record: record.update(fn_name="vanished_module.train:run"))
     code, _, err = marin(
-        capsys, "reproduce", "checkpoints/curve", "--from", tree_prefix, "--prefix", str(tmp_path / "x")
+        capsys, "reproduce", "checkpoints/curve", "--prefix", tree_prefix, "--into", str(tmp_path / "x")
     )
     assert code == 2
     assert "vanished_module.train:run is not importable" in err and "checkpoints/curve" in err
@@ -190,7 +190,7 @@ def test_reproduce_refuses_unimportable_code(capsys, tree_prefix, tmp_path):
     edit_info(curve, lambda record: record.update(fn_name="tests.marin.sample_tree:write_curve"))
     edit_info(curve, rename_type)
     code, _, err = marin(
-        capsys, "reproduce", "checkpoints/curve", "--from", tree_prefix, "--prefix", str(tmp_path / "x")
+        capsys, "reproduce", "checkpoints/curve", "--prefix", tree_prefix, "--into", str(tmp_path / "x")
     )
     assert code == 2 and "NoSuchConfig" in err
 
@@ -202,7 +202,7 @@ def test_reproduce_refuses_another_git_commit_unless_allowed(capsys, tree_prefix
         pytest.skip("the tests are not running from a git checkout")
     edit_info(path, lambda record: record["run"]["git"].update(commit="0123456789abcdef" * 2 + "01234567"))
     code, _, err = marin(
-        capsys, "reproduce", "raw/notes", "--from", tree_prefix, "--prefix", str(tmp_path / "x")
+        capsys, "reproduce", "raw/notes", "--prefix", tree_prefix, "--into", str(tmp_path / "x")
     )
     assert code == 2
     assert "raw/notes was made by git commit 0123456789ab" in err
@@ -211,9 +211,9 @@ def test_reproduce_refuses_another_git_commit_unless_allowed(capsys, tree_prefix
         capsys,
         "reproduce",
         "raw/notes",
-        "--from",
-        tree_prefix,
         "--prefix",
+        tree_prefix,
+        "--into",
         str(tmp_path / "x"),
         "--allow-code-changes",
     )
@@ -224,13 +224,13 @@ def test_reproduce_refuses_when_the_rebuilt_hash_differs(capsys, tree_prefix, tm
     curve = step_dir(tree_prefix, "checkpoints/curve")
     edit_info(curve, lambda r: r["config_template"]["fields"].update(learning_rate={"__versioned__": 0.3}))
     code, _, err = marin(
-        capsys, "reproduce", "checkpoints/curve", "--from", tree_prefix, "--prefix", str(tmp_path / "x")
+        capsys, "reproduce", "checkpoints/curve", "--prefix", tree_prefix, "--into", str(tmp_path / "x")
     )
     assert code == 2
     assert "do not hash the same" in err and "learning_rate: 0.01 -> 0.3" in err
 
 
-def test_reproduce_a_step_defined_in_the_experiment_script(capsys, tmp_path):
+def test_reproduce_a_step_defined_in_the_experiment_script(capsys, tmp_path, monkeypatch):
     script = tmp_path / "study.py"
     script.write_text(
         textwrap.dedent(
@@ -263,10 +263,12 @@ def test_reproduce_a_step_defined_in_the_experiment_script(capsys, tmp_path):
     )
     info = read_info_file(OutputTree(str(prefix)).find("study/count").path)
     assert info["fn_name"] == "__main__:count" and info["run"]["script"] == str(script)
+    monkeypatch.chdir(tmp_path)  # the script is loaded only from the checkout reproduce runs in
     code, out, _ = marin(
-        capsys, "reproduce", "study/count", "--from", str(prefix), "--prefix", str(tmp_path / "again")
+        capsys, "reproduce", "study/count", "--prefix", str(prefix), "--into", str(tmp_path / "again")
     )
     assert code == 0, out
+    assert f"study/count: __main__:count (its function), defined in {os.path.realpath(script)}" in out
     assert "study/count: equal" in out
 
 
