@@ -16,7 +16,8 @@ Hugging Face export are Levanter's. The output directory:
     <output_path>/logs/<run id>.log.log   Levanter's log file
     <output_path>/wandb/                  W&B's offline run (sync later with `wandb sync`)
     <output_path>/attempts.json           one entry per completed attempt: resumed_from_step, seconds
-    <output_path>/stats.json              written last: steps, attempts, final losses, tokens/s
+    <output_path>/stats.json              written last: steps, attempts, final losses, tokens/s,
+                                          and `devices` (JAX backend, device kind, count, memory)
 
 Resume: Levanter loads the latest checkpoint under `checkpoints/` when it starts, so a
 killed step re-run continues from there. metrics.jsonl is first cut back to the
@@ -37,6 +38,11 @@ The run id is `<output dir name>-<hash of the output path>`, so a resumed run co
 same W&B run. (Levanter calls wandb.init twice per run -- once in `levanter.initialize`, once
 in the Trainer -- so each attempt leaves two offline-run folders with the same run id.)
 
+Devices: before training starts, `train` logs at WARNING level which devices JAX uses
+(backend, kind, count, memory) and records them in stats.json. On a machine with an NVIDIA
+GPU whose JAX has no CUDA it says so loudly: install the `gpu` extra (`pip install -e
+'.[gpu]'`, JAX with CUDA 12 at the pinned version) or training runs on the CPU.
+
 JAX and Levanter are imported inside the functions: importing this module stays light.
 """
 
@@ -50,6 +56,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -246,6 +253,8 @@ def train(config: TrainConfig) -> None:
     _truncate_metrics(join(config.output_path, METRICS_FILE), resume_step)
     from levanter.main.train_lm import main
 
+    announce_devices()
+
     levanter_lm_config = levanter_config(config)
     # JAX's checkpoint serializer logs an INFO line per array written; that drowns the
     # executor's progress lines. The full story stays in the step's log at WARNING and up.
@@ -258,6 +267,50 @@ def train(config: TrainConfig) -> None:
             f"{config.output_path}: training ended at checkpoint step {last_step}, expected {final_step}"
         )
     _write_train_stats(config, attempts=_attempts(config, resume_step, time.perf_counter() - started))
+
+
+def describe_devices() -> dict[str, Any]:
+    """The devices JAX trains on: backend, device kind, count, and memory per device where known."""
+    import jax
+
+    devices = jax.devices()
+    memory = None
+    try:
+        stats = devices[0].memory_stats() or {}
+        memory = stats.get("bytes_limit")
+    except Exception:  # the CPU backend has no memory stats
+        memory = None
+    return {
+        "backend": jax.default_backend(),
+        "kind": devices[0].device_kind,
+        "count": len(devices),
+        "process_count": jax.process_count(),
+        "memory_bytes_per_device": memory,
+    }
+
+
+def nvidia_gpu_present() -> bool:
+    """An NVIDIA GPU is visible to this machine (device nodes or nvidia-smi), whatever JAX sees."""
+    return os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None
+
+
+def announce_devices() -> dict[str, Any]:
+    """Say loudly which devices training uses, and when a GPU is present but JAX cannot use it."""
+    devices = describe_devices()
+    memory = devices["memory_bytes_per_device"]
+    logger.warning(
+        "train: JAX backend %s, %d x %s%s",
+        devices["backend"],
+        devices["count"],
+        devices["kind"],
+        f", {memory / 2**30:.1f} GiB each" if memory else "",
+    )
+    if devices["backend"] == "cpu" and nvidia_gpu_present():
+        logger.warning(
+            "train: an NVIDIA GPU is present but this JAX has no CUDA support, so training runs on "
+            "the CPU. Install the gpu extra: pip install -e '.[gpu]' (jax[cuda12] at the pinned version)"
+        )
+    return devices
 
 
 def _check(config: TrainConfig) -> None:
@@ -530,6 +583,7 @@ def _write_train_stats(config: TrainConfig, attempts: list[dict[str, Any]]) -> N
             "median_tokens_per_second": speeds[len(speeds) // 2] if speeds else None,
             "parameter_count": config.model.parameter_count(_vocab_size(config.tokenizer)),
             "attempts": attempts,
+            "devices": describe_devices(),
         },
     )
 

@@ -140,11 +140,20 @@ def checkpoint_steps(output_path):
 
 
 @pytest.mark.slow
-def test_trains_logs_metrics_checkpoints_the_final_step_and_exports(data, tmp_path):
+def test_trains_logs_metrics_checkpoints_the_final_step_and_exports(data, tmp_path, caplog):
     config = nano_config(data, tmp_path / "run")
     started = time.perf_counter()
-    train(config)
+    with caplog.at_level("WARNING", logger="operations.train"):
+        train(config)
     seconds = time.perf_counter() - started
+    import jax
+
+    # Training says which devices it uses, before the first step, and records them.
+    announced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train: JAX backend")]
+    expected = (
+        f"train: JAX backend {jax.default_backend()}, {len(jax.devices())} x {jax.devices()[0].device_kind}"
+    )
+    assert len(announced) == 1 and announced[0].startswith(expected), announced
 
     metrics = read_metrics(config.output_path)
     losses = {m["step"]: m["train/loss"] for m in metrics if "train/loss" in m}
@@ -171,6 +180,8 @@ def test_trains_logs_metrics_checkpoints_the_final_step_and_exports(data, tmp_pa
     stats = json.loads((tmp_path / "run" / "stats.json").read_text())
     assert stats["final_checkpoint_step"] == 19 and stats["attempts"][0]["resumed_from_step"] is None
     assert stats["final_eval_loss"] == evals[19]
+    assert stats["devices"]["backend"] == jax.default_backend()
+    assert stats["devices"]["count"] == len(jax.devices()) >= 1
     # W&B ran offline under the output, with the run id derived from the output path.
     assert list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id(config.output_path)}"))
     print(f"\ntrain: 20 steps in {seconds:.1f} s, median {stats['median_tokens_per_second']:.0f} tokens/s")
