@@ -1,8 +1,9 @@
 """Quickstart: a whole study on a laptop, no cloud account -- the README's first command.
 
-    python experiments/quickstart.py                 # ~3-5 minutes on 2 CPU cores
+    python experiments/quickstart.py                 # about a minute on 2 CPU cores
     python experiments/quickstart.py                 # again: everything cached, seconds
-    QUICKSTART_LR=3e-3 python experiments/quickstart.py   # re-runs only train and eval
+    QUICKSTART_LR=1e-2 python experiments/quickstart.py   # re-runs only train and eval
+                                                     # (the default learning rate is 3e-3)
 
 On the embedded corpus (the running Python's standard library): download -> documents ->
 filter -> dedup -> tokenizer -> tokenize -> train a tiny Llama (Levanter, on the CPU) ->
