@@ -5,6 +5,9 @@ dependencies: [upstream version hashes]}` (see `executor.graph`). Two versions d
 in versioned fields, in input sub-paths or hard-coded paths, or in an upstream version;
 for the last, the explanation follows the changed input upstream and says why *it*
 changed, down to the field someone actually edited.
+
+Only the recorded JSON is compared: nothing named in the tree is imported or run, and a
+malformed record reads as empty rather than failing the command.
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ def _is_tree_path(value: object, tree: OutputTree) -> bool:
 def explain(tree: OutputTree, old: StepOutput, new: StepOutput, depth: int = 5) -> Explanation:
     """Compare the recorded versions and configs of two outputs."""
     old_info, new_info = old.info or {}, new.info or {}
-    old_version, new_version = old_info.get("version") or {}, new_info.get("version") or {}
-    dep_names = [d.get("name") or d.get("output_path", "?") for d in new.dependencies]
+    old_version, new_version = _dict(old_info.get("version")), _dict(new_info.get("version"))
+    dep_names = [str(d.get("name") or d.get("output_path", "?")) for d in new.dependencies]
     result = Explanation(old=old, new=new)
     if not old_version or not new_version:
         result.reasons.append("(a .executor_info is missing, so the versions cannot be compared)")
@@ -63,16 +66,20 @@ def explain(tree: OutputTree, old: StepOutput, new: StepOutput, depth: int = 5) 
         for reason in diff_versions(old_version, new_version, dep_names)
         if "upstream version" not in reason
     ]
-    old_deps, new_deps = old_version.get("dependencies", []), new_version.get("dependencies", [])
+    old_deps, new_deps = _strings(old_version.get("dependencies")), _strings(new_version.get("dependencies"))
     for index in range(min(len(old_deps), len(new_deps))):
         if old_deps[index] == new_deps[index]:
             continue
         label = f"DEP[{index}] ({dep_names[index] if index < len(dep_names) else '?'})"
         before = (
-            tree.load_step(old.dependencies[index]["output_path"]) if index < len(old.dependencies) else None
+            tree.load_step(old.dependencies[index].get("output_path") or "")
+            if index < len(old.dependencies)
+            else None
         )
         after = (
-            tree.load_step(new.dependencies[index]["output_path"]) if index < len(new.dependencies) else None
+            tree.load_step(new.dependencies[index].get("output_path") or "")
+            if index < len(new.dependencies)
+            else None
         )
         summary = f"{label}: upstream version {old_deps[index][:8]} -> {new_deps[index][:8]}"
         if before is None or after is None or depth <= 0:
@@ -82,11 +89,22 @@ def explain(tree: OutputTree, old: StepOutput, new: StepOutput, depth: int = 5) 
         result.upstream.append((label, explain(tree, before, after, depth - 1)))
     result.unversioned = [
         change.describe()
-        for change in diff_flat(flatten(old_info.get("config") or {}), flatten(new_info.get("config") or {}))
+        for change in diff_flat(
+            flatten(_dict(old_info.get("config"))), flatten(_dict(new_info.get("config")))
+        )
         if not (_is_tree_path(change.old, tree) and _is_tree_path(change.new, tree))
         and not _versioned_field(change.field, new_version)
     ]
     return result
+
+
+def _dict(value: object) -> dict:
+    """A recorded object, or {} when the tree holds something else there (trees are untrusted)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _strings(value: object) -> list[str]:
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def _versioned_field(field_path: str, version: dict) -> bool:

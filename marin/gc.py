@@ -4,6 +4,11 @@ Garbage is an output that no experiment manifest references, or one that failed
 (FAILED, DEP_FAILED), or one abandoned mid-run (RUNNING or no status, and no live
 lease). An output whose lease is live is being written right now and is never garbage.
 Successful outputs referenced by a manifest are never garbage.
+
+The tree is untrusted input: only directories strictly inside the prefix are listed or
+deleted (an output directory that is a symbolic link out of the prefix, or a manifest
+entry naming a path elsewhere, is left alone), and bookkeeping files are read through
+`OutputTree`'s capped, JSON-only reads.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ def find_garbage(
     referenced = tree.referenced_paths()
     found: list[tuple[StepOutput, str]] = []
     for step in tree.steps:
+        if not _deletable(tree, step):
+            continue
         if not lease_is_stale(tree.lease(step), timeout, now):
             continue  # running now
         if step.status in ("FAILED", "DEP_FAILED"):
@@ -42,6 +49,11 @@ def find_garbage(
     return [Garbage(step, reason, sizes[step.path]) for step, reason in found]
 
 
+def _deletable(tree: OutputTree, step: StepOutput) -> bool:
+    """Inside the prefix by name and, on local disk, by where its links lead."""
+    return tree.contains(step.path) and not tree.leads_outside(step.path)
+
+
 def delete_garbage(
     tree: OutputTree, garbage: list[Garbage], lease_timeout: float | None = None
 ) -> list[Garbage]:
@@ -49,6 +61,8 @@ def delete_garbage(
     timeout = LeaseConfig().timeout if lease_timeout is None else lease_timeout
     deleted = []
     for item in garbage:
+        if not _deletable(tree, item.step):
+            continue
         if not lease_is_stale(tree.lease(item.step), timeout):
             continue
         tree.store.delete_tree(item.step.path)

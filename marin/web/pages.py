@@ -13,7 +13,9 @@ URL scheme (every `<rel>` is a path relative to the prefix, checked by `safety`)
 
 Each request reads the tree afresh (nothing is cached between requests, so a page is
 never stale while a run writes), and within a request each step's bookkeeping is read
-once.
+once. The tree is untrusted input: bookkeeping is parsed as JSON only, through
+`OutputTree`'s reads capped at `marin.outputs.MAX_RECORD_BYTES`; no recorded name is
+imported or called, and a step whose file was not read says why ("not read").
 """
 
 from __future__ import annotations
@@ -322,6 +324,7 @@ class App:
                 ("name", esc(step.name)),
                 ("status", badge(step.status)),
                 ("function", f'<span class="mono">{esc(info.get("fn_name") or "")}</span>'),
+                *([("not read", f'<span class="mono">{esc(step.problem)}</span>')] if step.problem else []),
                 ("description", esc(info.get("description") or "")),
                 ("output path", f'<span class="mono">{esc(step.path)}</span>'),
                 ("version hash", f'<span class="mono">{esc(step.version_hash or "")}</span>'),
