@@ -15,6 +15,12 @@ Encoding choices:
 - enums become `"EnumClass.MEMBER"`; paths their POSIX string; tuples are lists;
 - sets are sorted by their elements' canonical JSON, so they are deterministic;
 - NaN and infinities are refused: JSON cannot carry them and NaN != NaN.
+
+Limits: a value nests at most `MAX_DEPTH` (100) containers deep, and a step's whole
+version encodes to at most `MAX_VERSION_BYTES` (1 MiB) of canonical JSON. Both are far
+beyond any real config, and keep a runaway value (a list of every file, a structure
+built by recursion) from turning into a RecursionError or a 50 MB hash input; versions
+are also stored, compared and diffed, so a large one costs on every plan.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ import math
 from pathlib import PurePath
 from typing import Any
 
+MAX_DEPTH = 100
+"""How many containers (dataclasses, lists, tuples, sets, dicts) a config value may nest."""
+
+MAX_VERSION_BYTES = 1 << 20
+"""Largest canonical JSON of one step's version, in bytes (1 MiB)."""
+
 
 class UnencodableValueError(ValueError):
     """A config value has no deterministic canonical encoding."""
@@ -35,23 +47,37 @@ class UnencodableValueError(ValueError):
     def __init__(self, field_path: str, value: Any, why: str):
         self.field_path = field_path
         self.value = value
-        super().__init__(f"field {field_path or '<root>'!r}: {why}")
+        shown = field_path if len(field_path) <= 120 else field_path[:117] + "..."
+        super().__init__(f"field {shown or '<root>'!r}: {why}")
 
 
 def _describe(value: Any) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
-def encode(value: Any, path: str = "", strict: bool = True) -> Any:
-    """`value` as JSON-ready primitives (see the module docstring for the rules)."""
+def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> Any:
+    """`value` as JSON-ready primitives (see the module docstring for the rules).
+
+    `depth` counts the containers around `value`; beyond MAX_DEPTH the value is refused
+    (strict or not: no encoding of it is useful, and recursing on would overflow the stack).
+    """
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:  # fast path: most leaves
         return value
+    if depth >= MAX_DEPTH and (
+        isinstance(value, (list, tuple, set, frozenset, dict)) or dataclasses.is_dataclass(value)
+    ):
+        raise UnencodableValueError(
+            path,
+            value,
+            f"nested more than {MAX_DEPTH} levels deep; flatten it (or version a digest of it instead)",
+        )
+    depth += 1
     names = _PLAIN_DATACLASS_FIELDS.get(kind)
     if names is not None:  # fast path: a dataclass type seen before
         out = {"__type__": kind.__qualname__}
         for name in names:
-            out[name] = encode(getattr(value, name), f"{path}.{name}" if path else name, strict)
+            out[name] = encode(getattr(value, name), f"{path}.{name}" if path else name, strict, depth)
         return out
     if kind is float and math.isfinite(value):
         return value
@@ -86,12 +112,12 @@ def encode(value: Any, path: str = "", strict: bool = True) -> Any:
             _PLAIN_DATACLASS_FIELDS[kind] = tuple(field.name for field in dataclasses.fields(kind))
         out = {"__type__": kind.__qualname__}
         for field in dataclasses.fields(kind):
-            out[field.name] = encode(getattr(value, field.name), _child(path, field.name), strict)
+            out[field.name] = encode(getattr(value, field.name), _child(path, field.name), strict, depth)
         return out
     if isinstance(value, (list, tuple)):
-        return [encode(item, f"{path}[{i}]", strict) for i, item in enumerate(value)]
+        return [encode(item, f"{path}[{i}]", strict, depth) for i, item in enumerate(value)]
     if isinstance(value, (set, frozenset)):
-        items = [encode(item, f"{path}[*]", strict) for item in value]
+        items = [encode(item, f"{path}[*]", strict, depth) for item in value]
         return sorted(items, key=canonical_json)
     if isinstance(value, dict):
         out = {}
@@ -112,10 +138,10 @@ def encode(value: Any, path: str = "", strict: bool = True) -> Any:
                 raise UnencodableValueError(
                     path, value, f"dict keys collide after encoding as strings: {text!r}"
                 )
-            out[text] = encode(item, _child(path, text), strict)
+            out[text] = encode(item, _child(path, text), strict, depth)
         return out
     if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        return encode(value.item(), path, strict)
+        return encode(value.item(), path, strict, depth)
     if strict:
         why = (
             f"value of type {_describe(value)} has no deterministic encoding; version a plain "

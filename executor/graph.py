@@ -28,7 +28,11 @@ instead of silently returning the wrong data. Marin uses 6 hex digits of MD5.
 
 Steps whose versions are equal collapse into one (the same step built twice by a
 helper function); two steps that are *not* interchangeable but resolve to one output
-path are an error.
+path are an error, and so is an output directory inside another step's output or
+inside `<prefix>/experiments/` (where the experiment manifests go).
+
+Limits (`executor.fingerprint`): configs nest at most 100 containers deep and a step's
+version encodes to at most 1 MiB; beyond either the step is refused, naming the field.
 """
 
 from __future__ import annotations
@@ -36,26 +40,32 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from executor.diffing import diff_flat, flatten
-from executor.fingerprint import UnencodableValueError, canonical_json, encode, sha256_hex
-from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
+from executor.fingerprint import (
+    MAX_VERSION_BYTES,
+    UnencodableValueError,
+    canonical_json,
+    encode,
+    sha256_hex,
+)
+from executor.steps import (
+    RESERVED_FIRST_PARTS,
+    ExecutorStep,
+    InputName,
+    OutputName,
+    StepDefinitionError,
+    VersionedValue,
+)
 from executor.walker import map_markers
 
 logger = logging.getLogger(__name__)
 
 HASH_LENGTH = 8
 """Hex digits of the version hash used in output paths (see the module docstring)."""
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*$")
-
-
-class StepDefinitionError(ValueError):
-    """A step (or the set of steps) is declared in a way the executor cannot run."""
 
 
 def join_path(base: str, sub: str | None) -> str:
@@ -107,7 +117,10 @@ class ResolvedStep:
     @functools.cached_property
     def config_record(self) -> Any:
         """The concrete config as JSON primitives, as recorded in `.executor_info`."""
-        return encode(self.config, strict=False)
+        try:
+            return encode(self.config, strict=False)
+        except UnencodableValueError as error:  # only a value nested too deeply (in a set)
+            raise StepDefinitionError(f"step {self.name!r}: config {error}") from None
 
     @functools.cached_property
     def config_digest(self) -> str:
@@ -149,22 +162,14 @@ def validate_declaration(step: Any) -> None:
     """Raise StepDefinitionError if `step` cannot be a step at all."""
     if not isinstance(step, ExecutorStep):
         raise StepDefinitionError(f"expected an ExecutorStep, got {type(step).__name__}: {step!r}")
-    if not isinstance(step.name, str) or not _NAME_RE.match(step.name) or ".." in step.name.split("/"):
-        raise StepDefinitionError(
-            f"step name {step.name!r} is invalid: use letters, digits, '_', '-', '.' and '/' "
-            "between non-empty parts (e.g. 'tokenized/stdlib')"
-        )
+    # The name was checked when the step was built (ExecutorStep.__post_init__).
     if not callable(step.fn):
         raise StepDefinitionError(f"step {step.name!r}: fn must be callable, got {type(step.fn).__name__}")
     override = step.override_output_path
-    if override is not None and (
-        not isinstance(override, str)
-        or not override.strip("/")
-        or ".." in override.split("://", 1)[-1].split("/")
-    ):
+    if override is not None and (not isinstance(override, str) or not _is_clean_path(override)):
         raise StepDefinitionError(
             f"step {step.name!r}: override_output_path {override!r} is invalid: give a non-empty path "
-            "without '..' (relative paths are under the prefix)"
+            "without '.', '..' or empty parts (relative paths are under the prefix)"
         )
     config = step.config
     if config is not None and not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
@@ -172,6 +177,14 @@ def validate_declaration(step: Any) -> None:
             f"step {step.name!r}: config must be a dataclass instance or None, got {type(config).__name__}; "
             "wrap the values in a (frozen) dataclass"
         )
+
+
+def _is_clean_path(path: str) -> bool:
+    """Non-empty, and no '', '.' or '..' part (a trailing '/' is allowed)."""
+    parts = path.split("://", 1)[-1].rstrip("/").split("/")
+    if parts[0] == "" and not path.startswith("//"):
+        parts = parts[1:]  # an absolute local path
+    return bool(parts) and not any(part in ("", ".", "..") for part in parts)
 
 
 def _direct_inputs(step: ExecutorStep) -> list[ExecutorStep]:
@@ -185,7 +198,12 @@ def _direct_inputs(step: ExecutorStep) -> list[ExecutorStep]:
             found.append(marker.step)
         return marker
 
-    map_markers(step.config, visit)
+    try:
+        map_markers(step.config, visit)
+    except StepDefinitionError:
+        raise
+    except ValueError as error:  # the walker's refusals: too deep, a placeholder in an init=False field
+        raise StepDefinitionError(f"step {step.name!r}: {error}") from None
     return found
 
 
@@ -310,7 +328,10 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
         builder = _VersionBuilder(step=step, prefix=prefix, resolved=resolved)
         partial_config = map_markers(step.config, builder.on_marker)
         version = {"name": step.name, "config": builder.config_version, "dependencies": builder.dep_hashes}
-        version_hash = sha256_hex(canonical_json(version))
+        version_json = canonical_json(version)
+        if len(version_json) > MAX_VERSION_BYTES // 4 and len(version_json.encode()) > MAX_VERSION_BYTES:
+            _refuse_large_version(step, builder.config_version, len(version_json.encode()))
+        version_hash = sha256_hex(version_json)
         default_path = join_path(prefix, f"{step.name}-{version_hash[:HASH_LENGTH]}")
         output_path = default_path
         if step.override_output_path is not None:
@@ -342,9 +363,44 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
             continue
         resolved[id(step)] = by_path[output_path] = candidate
         unique.append(candidate)
+    _check_output_dirs(unique, prefix)
     return StepGraph(
         prefix=prefix, steps=tuple(unique), by_declaration=resolved, declarations=tuple(declarations)
     )
+
+
+def _refuse_large_version(step: ExecutorStep, config_version: dict[str, Any], size: int) -> None:
+    sizes = {path: len(canonical_json(value).encode()) for path, value in config_version.items()}
+    largest = max(sizes, key=sizes.get) if sizes else None
+    where = f"versioned field {largest!r} encodes to {sizes[largest]:,} bytes" if largest else "its inputs"
+    raise StepDefinitionError(
+        f"step {step.name!r}: its version is {size:,} bytes of JSON, over the limit of "
+        f"{MAX_VERSION_BYTES:,} ({where}). Version something small that identifies the value "
+        "instead (a path to the data, a digest of it, a count), and keep the value itself unversioned"
+    )
+
+
+def _check_output_dirs(steps: Sequence[ResolvedStep], prefix: str) -> None:
+    """No step writes inside another step's output, or inside `<prefix>/experiments/`."""
+    by_path = {step.output_path: step for step in steps}
+    reserved = [join_path(prefix, part) for part in RESERVED_FIRST_PARTS]
+    for step in steps:
+        path = step.output_path
+        for directory in reserved:
+            if path == directory or path.startswith(directory + "/") or directory.startswith(path + "/"):
+                raise StepDefinitionError(
+                    f"step {step.name!r} writes to {path}, which collides with {directory}/ where the "
+                    "experiment manifests go; change its override_output_path"
+                )
+        cut = len(path)
+        while (cut := path.rfind("/", 0, cut)) > 0:
+            outer = by_path.get(path[:cut])
+            if outer is not None:
+                raise StepDefinitionError(
+                    f"step {step.name!r} writes to {path}, inside the output of step {outer.name!r} "
+                    f"({outer.output_path}): their files and status would mix. Rename {step.name!r} "
+                    "(or change its override_output_path) so that it writes next to it"
+                )
 
 
 def _check_interchangeable(kept: ResolvedStep, other: ResolvedStep) -> None:

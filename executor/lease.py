@@ -18,14 +18,17 @@ drivers on different machines need clocks within a fraction of `timeout`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from executor.store import Store
 from executor.tree import LeaseRecord, lease_path
@@ -46,14 +49,71 @@ class LeaseConfig:
     poll_interval: float = 5.0
     """Seconds between checks while waiting for a step another driver is running."""
 
+    ENV_VARS: ClassVar[dict[str, str]] = {
+        "timeout": "MARIN_LEASE_TIMEOUT",
+        "heartbeat_interval": "MARIN_LEASE_HEARTBEAT",
+        "poll_interval": "MARIN_LEASE_POLL",
+    }
+    """The environment variables `from_env` reads, by field."""
+
     def __post_init__(self):
-        if not 0 < self.heartbeat_interval < self.timeout:
-            raise ValueError(
-                f"LeaseConfig: heartbeat_interval ({self.heartbeat_interval}) must be positive and "
-                f"smaller than timeout ({self.timeout})"
-            )
-        if self.poll_interval <= 0:
-            raise ValueError(f"LeaseConfig: poll_interval must be positive, got {self.poll_interval}")
+        _check_timing(
+            {name: getattr(self, name) for name in self.ENV_VARS}, {name: name for name in self.ENV_VARS}
+        )
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        sources: Mapping[str, str] | None = None,
+        **given: float | None,
+    ) -> LeaseConfig:
+        """Timing from `given` values (None: not given), else `$MARIN_LEASE_*`, else the defaults.
+
+        `sources` names where each given value came from (e.g. `{"timeout": "--lease_timeout"}`),
+        so that a ValueError names the flag or the variable to fix.
+        """
+        environ = os.environ if environ is None else environ
+        defaults = {field.name: field.default for field in dataclasses.fields(cls)}
+        values: dict[str, float] = {}
+        names: dict[str, str] = {}
+        for name, variable in cls.ENV_VARS.items():
+            if given.get(name) is not None:
+                values[name], names[name] = given[name], (sources or {}).get(name, name)
+            elif environ.get(variable, "").strip():
+                raw = environ[variable]
+                try:
+                    values[name] = float(raw)
+                except ValueError:
+                    raise ValueError(f"{variable}={raw!r} is not a number of seconds") from None
+                names[name] = variable
+            else:
+                values[name] = defaults[name]
+                names[name] = f"the default {(sources or {}).get(name, name)}"
+        unknown = set(given) - set(cls.ENV_VARS)
+        if unknown:
+            raise TypeError(f"LeaseConfig.from_env: unknown settings {sorted(unknown)}")
+        _check_timing(values, names)
+        return cls(**values)
+
+
+def _check_timing(values: Mapping[str, object], names: Mapping[str, str]) -> None:
+    """ValueError naming the setting (`names`: field -> flag, variable or field name) to fix."""
+    for name, value in values.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ValueError(f"{names[name]} must be a positive number of seconds, got {value!r}")
+    if values["heartbeat_interval"] >= values["timeout"]:
+        raise ValueError(
+            f"{names['heartbeat_interval']} ({values['heartbeat_interval']:g}s) must be smaller than "
+            f"{names['timeout']} ({values['timeout']:g}s): the lease is refreshed every heartbeat and "
+            "taken over by another driver once the timeout passes without one"
+        )
 
 
 def new_worker_id() -> str:

@@ -2,39 +2,60 @@
 
     python experiments/my_study.py --prefix /data/marin --dry_run true
     python experiments/my_study.py --run_only 'tokenized/.*' --max_concurrent 4
+    python experiments/my_study.py --lease_timeout 600 --lease_heartbeat 60   # slow storage
 
-The prefix defaults to `$MARIN_PREFIX`, then to `./marin-output`.
+The prefix defaults to `$MARIN_PREFIX`, then to `./marin-output`. Lease timing defaults
+to `$MARIN_LEASE_TIMEOUT`, `$MARIN_LEASE_HEARTBEAT` and `$MARIN_LEASE_POLL` (seconds),
+then to `LeaseConfig`'s defaults.
+
+Every error is one line on stderr, `error: ...`, naming the flag, file or step to fix;
+never a traceback. Exit codes:
+
+    0  the run (or dry run) finished
+    1  the run failed: a bad step declaration, a step that failed, an unreadable status
+       file, storage failing after the client's retries
+    2  usage: a bad flag or flag value, an unknown storage scheme, an invalid lease timing
+    130  interrupted (Ctrl-C)
+
+draccus is imported inside `executor_main`, so `import executor` stays cheap.
 """
 
 # No `from __future__ import annotations`: draccus reads the config annotation at run time.
+# It also needs typing.Optional on some versions, and reads a comment after a field as
+# its --help text, so the UP045 exemption is file-wide rather than per line.
+# ruff: noqa: UP045
 
+import contextlib
 import dataclasses
+import io
 import json
 import logging
 import os
 import sys
 from typing import Optional
 
-import draccus
-
 from executor.executor import Executor
-from executor.graph import StepDefinitionError
+from executor.lease import LeaseConfig
+from executor.plan import RunOnlyError, compile_run_only
 from executor.runner import ExecutorRunError
 from executor.steps import ExecutorStep
-from executor.store import StoreError
 
 DEFAULT_PREFIX = "./marin-output"
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 @dataclasses.dataclass(frozen=True)
 class ExecutorMainConfig:
     """Flags shared by every experiment script."""
 
-    prefix: Optional[str] = None  # noqa: UP045 (draccus needs typing.Optional on some versions)
+    prefix: Optional[str] = None
     """Where outputs go: a local directory or an fsspec URL (s3://, gs://). Default: $MARIN_PREFIX,
     else ./marin-output."""
 
-    executor_info_base_path: Optional[str] = None  # noqa: UP045
+    executor_info_base_path: Optional[str] = None
     """Where experiment manifests go. Default: <prefix>/experiments."""
 
     dry_run: bool = False
@@ -43,43 +64,66 @@ class ExecutorMainConfig:
     force_run_failed: bool = True
     """Re-run steps that failed before (otherwise they are an error)."""
 
-    run_only: Optional[list[str]] = None  # noqa: UP045
+    run_only: Optional[list[str]] = None
     """Regexes (matched from the start of step names): run only these steps and the blocking
     dependencies they need that have not succeeded. One regex, or a list: '["a/.*", "b"]'."""
 
-    max_concurrent: Optional[int] = None  # noqa: UP045
+    max_concurrent: Optional[int] = None
     """At most this many steps run at once in the driver (default 32)."""
 
+    lease_timeout: Optional[float] = None
+    """Seconds without a heartbeat after which another driver takes a step's lease over.
+    Default: $MARIN_LEASE_TIMEOUT, else 60. Raise it on slow storage."""
 
-def resolve_prefix(prefix: Optional[str]) -> str:  # noqa: UP045
+    lease_heartbeat: Optional[float] = None
+    """Seconds between lease heartbeats; must be smaller than the timeout. Default:
+    $MARIN_LEASE_HEARTBEAT, else 10."""
+
+    lease_poll: Optional[float] = None
+    """Seconds between checks on a step another driver is running. Default: $MARIN_LEASE_POLL,
+    else 5."""
+
+
+_LEASE_FLAGS = {
+    "timeout": "lease_timeout",
+    "heartbeat_interval": "lease_heartbeat",
+    "poll_interval": "lease_poll",
+}
+"""LeaseConfig field -> flag."""
+
+
+class UsageError(ValueError):
+    """A bad flag or flag value: exit code 2."""
+
+
+def resolve_prefix(prefix: Optional[str]) -> str:
     return prefix or os.environ.get("MARIN_PREFIX") or DEFAULT_PREFIX
 
 
-def _single_regex_as_list(argv: list[str]) -> list[str]:
-    """Let `--run_only 'tokenized/.*'` mean `--run_only '["tokenized/.*"]'` (draccus wants a list)."""
-    out = list(argv)
-    for index, arg in enumerate(out):
-        if arg == "--run_only" and index + 1 < len(out) and not out[index + 1].lstrip().startswith("["):
-            out[index + 1] = json.dumps([out[index + 1]])
-        elif arg.startswith("--run_only=") and not arg.split("=", 1)[1].lstrip().startswith("["):
-            out[index] = "--run_only=" + json.dumps([arg.split("=", 1)[1]])
-    return out
+def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):
+    """Run `steps` with the flags given on the command line (see ExecutorMainConfig). Returns the Executor.
 
-
-def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):  # noqa: UP045
-    """Run `steps` with the flags given on the command line (see ExecutorMainConfig). Returns the Executor."""
-    sys.argv = _single_regex_as_list(sys.argv)
-    return _executor_main(steps=steps, description=description)
-
-
-@draccus.wrap()
-def _executor_main(config: ExecutorMainConfig, steps: list[ExecutorStep], description: Optional[str] = None):  # noqa: UP045
+    Exits (SystemExit) with one `error: ...` line on stderr when something is wrong; see the
+    module docstring for the exit codes.
+    """
+    try:
+        config = parse_flags(sys.argv[1:])
+        lease_config = lease_config_of(config)
+    except UsageError as error:
+        _exit(str(error), EXIT_USAGE)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prefix = resolve_prefix(config.prefix)
+    try:
+        executor = Executor(
+            prefix, config.executor_info_base_path, description=description, lease_config=lease_config
+        )
+    except ValueError as error:  # an empty prefix
+        _exit(str(error), EXIT_USAGE)
+    except OSError as error:  # StoreError: no filesystem for the prefix's scheme
+        _exit(str(error), EXIT_USAGE)
     if config.prefix is None and "MARIN_PREFIX" not in os.environ:
         print(f"No --prefix and no $MARIN_PREFIX: writing under {os.path.abspath(prefix)}", flush=True)
-    executor = Executor(prefix, config.executor_info_base_path, description=description)
     try:
         executor.run(
             steps,
@@ -88,9 +132,135 @@ def _executor_main(config: ExecutorMainConfig, steps: list[ExecutorStep], descri
             force_run_failed=config.force_run_failed,
             max_concurrent=config.max_concurrent,
         )
-    except (ExecutorRunError, StepDefinitionError, StoreError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
+    except RunOnlyError as error:  # the patterns select no step
+        _exit(f"--{error}" if str(error).startswith("run_only") else str(error), EXIT_USAGE)
+    except (ExecutorRunError, ValueError) as error:  # StepDefinitionError, StatusFileError, ...
+        _exit(str(error), EXIT_FAILED)
+    except OSError as error:  # storage failing after the client's retries
+        _exit(_describe_os_error(error), EXIT_FAILED)
+    except KeyboardInterrupt:
+        _exit("interrupted", EXIT_INTERRUPTED)
     if not config.dry_run and executor.executor_info_path:
         print(f"Experiment manifest: {executor.executor_info_path}", flush=True)
     return executor
+
+
+def _exit(message: str, code: int):
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def _describe_os_error(error: OSError) -> str:
+    from executor.store import StoreError
+
+    if isinstance(error, StoreError):
+        return str(error)  # already names the file or prefix
+    where = f" on {error.filename}" if getattr(error, "filename", None) else ""
+    return f"storage failed{where}: {type(error).__name__}: {error}"
+
+
+# -- flags --------------------------------------------------------------------------------
+
+
+def parse_flags(argv: list[str]) -> ExecutorMainConfig:
+    """The flags in `argv` (draccus), checked; UsageError with a one-line message otherwise.
+
+    `--help` prints the flags and exits 0.
+    """
+    import draccus  # here, not at the top: `import executor` must stay cheap
+
+    argv, run_only = _take_run_only(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):  # argparse prints usage + message on errors
+            config = draccus.parse(config_class=ExecutorMainConfig, args=argv)
+    except SystemExit as exit_:
+        if not exit_.code:
+            raise  # --help
+        raise UsageError(_argparse_message(captured.getvalue())) from None
+    except draccus.utils.DecodingError as error:
+        raise UsageError(_decoding_message(error)) from None
+    except Exception as error:  # a --config_path file draccus cannot read
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise UsageError(f"cannot read the flags: {type(error).__name__}: {first}") from None
+    if run_only is not None:
+        config = dataclasses.replace(config, run_only=run_only)
+    try:
+        compile_run_only(config.run_only)
+    except RunOnlyError as error:
+        raise UsageError(f"--{error}") from None
+    if config.max_concurrent is not None and config.max_concurrent < 1:
+        raise UsageError(f"--max_concurrent must be at least 1, got {config.max_concurrent}")
+    return config
+
+
+def lease_config_of(config: ExecutorMainConfig) -> LeaseConfig:
+    """Lease timing from the flags, else `$MARIN_LEASE_*`, else the defaults; UsageError if invalid."""
+    given = {field: getattr(config, flag) for field, flag in _LEASE_FLAGS.items()}
+    try:
+        return LeaseConfig.from_env(
+            sources={field: f"--{flag}" for field, flag in _LEASE_FLAGS.items()}, **given
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def _take_run_only(argv: list[str]) -> tuple[list[str], Optional[list[str]]]:
+    """Take `--run_only` out of `argv` and parse it ourselves: one regex, or a JSON list of them.
+
+    (draccus would read the value as YAML, which mangles regexes and fails on a lone '['.)
+    """
+    rest: list[str] = []
+    run_only = None
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--run_only" and index + 1 < len(argv):
+            run_only = _parse_run_only(argv[index + 1])
+            index += 2
+            continue
+        if arg.startswith("--run_only="):
+            run_only = _parse_run_only(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        index += 1
+    return rest, run_only
+
+
+def _parse_run_only(text: str) -> list[str]:
+    if text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None  # not JSON: a regex that starts with a character class, e.g. '[ab]c'
+        if value is not None:
+            if isinstance(value, list) and all(isinstance(item, str) for item in value):
+                return value
+            raise UsageError(
+                f'--run_only {text!r}: expected a regex or a JSON list of regexes, e.g. \'["a/.*", "b"]\''
+            )
+    return [text]
+
+
+def _argparse_message(stderr: str) -> str:
+    """argparse's `prog: error: message` line, as `message (see --help)`."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else "invalid arguments"
+    message = last.split(": error: ", 1)[-1]
+    return f"{message} (see --help)"
+
+
+_EXPECTED = {bool: "true or false", int: "a whole number", float: "a number of seconds"}
+
+
+def _decoding_message(error) -> str:
+    """A draccus DecodingError as `--flag: could not parse 'value' (expected ...)`."""
+    flag = ".".join(str(part) for part in error.key_path)
+    detail = [line.strip() for line in str(error.message).splitlines() if line.strip()]
+    reason = detail[-1] if detail else "invalid value"
+    reason = reason.split(": ", 1)[-1] if reason.startswith(("int:", "float:", "bool:", "str:")) else reason
+    fields = {field.name: field.type for field in dataclasses.fields(ExecutorMainConfig)}
+    annotation = fields.get(flag)
+    kinds = [kind for kind in _EXPECTED if annotation is kind or kind in getattr(annotation, "__args__", ())]
+    expected = f" (expected {_EXPECTED[kinds[0]]})" if kinds else ""
+    return f"--{flag}: {reason[:1].lower()}{reason[1:]}{expected}"

@@ -15,6 +15,10 @@ need. Nonblocking parents are not run unless a blocking child needs them or `run
 selects them. With `run_only`, only steps whose names match one of the regexes (from
 the start of the name, as in Marin) run, plus their blocking dependencies that have
 not succeeded.
+
+A step whose status file cannot be read (truncated, not UTF-8, an unknown status, a
+directory) is planned as an error naming the file and the fix; it never stops the
+planning of the other steps, and the steps that need it are planned as blocked.
 """
 
 from __future__ import annotations
@@ -32,7 +36,15 @@ from executor.graph import HASH_LENGTH, ResolvedStep, StepDefinitionError, StepG
 from executor.lease import LeaseManager
 from executor.steps import ExecutorStep
 from executor.store import Store
-from executor.tree import LeaseRecord, Status, StatusEvent, read_info, read_last_status, utc_now_iso
+from executor.tree import (
+    LeaseRecord,
+    Status,
+    StatusEvent,
+    StatusFileError,
+    read_info,
+    read_last_status,
+    utc_now_iso,
+)
 
 READ_PARALLELISM = 16
 """Concurrent status reads: object stores answer one request per round trip."""
@@ -47,6 +59,13 @@ class Action(enum.StrEnum):
 
 
 _WILL_RUN = (Action.RUN, Action.WAIT, Action.BLOCKED)
+
+StepStatus = StatusEvent | StatusFileError | None
+"""What planning knows of a step's status: the last event, why it is unreadable, or none."""
+
+
+class RunOnlyError(ValueError):
+    """The `run_only` patterns are invalid or select nothing (a usage error)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,10 @@ class PlannedStep:
 
     unversioned_changes: tuple[str, ...] = ()
     """For a skipped step: config fields that differ from the stored config."""
+
+    status_error: StatusFileError | None = None
+    """For an error row: why the step's status file cannot be read (None: it failed before).
+    Such a step fails alone; the rest of the run goes on."""
 
     @property
     def name(self) -> str:
@@ -109,38 +132,52 @@ class Plan:
 
 
 def compile_run_only(patterns: Sequence[str] | None) -> list[re.Pattern] | None:
+    """The `run_only` regexes, compiled; RunOnlyError naming the first invalid one."""
     if patterns is None:
         return None
     if isinstance(patterns, str):
         patterns = [patterns]
     compiled = []
     for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise RunOnlyError(
+                f"run_only: expected regexes (strings), got {type(pattern).__name__} {pattern!r}"
+            )
         try:
             compiled.append(re.compile(pattern))
         except re.error as error:
-            raise ValueError(f"run_only: invalid regular expression {pattern!r}: {error}") from None
+            raise RunOnlyError(f"run_only: invalid regular expression {pattern!r}: {error}") from None
     return compiled
 
 
-def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, StatusEvent | None]:
+def _read_status(store: Store, output_path: str) -> StepStatus:
+    try:
+        return read_last_status(store, output_path)
+    except StatusFileError as error:
+        return error  # this step's problem only: planned as an error row
+
+
+def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, StepStatus]:
     # Local reads take microseconds: a thread pool costs more than it saves. Remote reads
     # take a round trip each, so they go in parallel, in batches to keep task overhead low.
     if store.local_path("/") is not None or len(steps) <= 1:
-        return {step.output_path: read_last_status(store, step.output_path) for step in steps}
+        return {step.output_path: _read_status(store, step.output_path) for step in steps}
     batches = [steps[i : i + 64] for i in range(0, len(steps), 64)]
     with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
-        results = pool.map(
-            lambda batch: [read_last_status(store, step.output_path) for step in batch], batches
-        )
+        results = pool.map(lambda batch: [_read_status(store, step.output_path) for step in batch], batches)
         flat = [event for batch in results for event in batch]
     return {step.output_path: event for step, event in zip(steps, flat, strict=True)}
+
+
+def _succeeded(status: StepStatus) -> bool:
+    return isinstance(status, StatusEvent) and status.status == Status.SUCCESS
 
 
 def select_steps(
     graph: StepGraph,
     roots: Sequence[ExecutorStep],
     run_only: list[re.Pattern] | None,
-    statuses: dict[str, StatusEvent | None],
+    statuses: dict[str, StepStatus],
 ) -> list[ResolvedStep]:
     """The steps this run considers, in topological order (see the module docstring)."""
     by_path = graph.by_path
@@ -152,7 +189,7 @@ def select_steps(
         if not wanted:
             names = ", ".join(sorted({s.name for s in graph.steps}))
             patterns = ", ".join(p.pattern for p in run_only)
-            raise ValueError(f"run_only patterns ({patterns}) match no step; the steps are: {names}")
+            raise RunOnlyError(f"run_only patterns ({patterns}) match no step; the steps are: {names}")
         expand_succeeded = False
     selected: set[str] = set()
     stack = list(wanted)
@@ -163,8 +200,7 @@ def select_steps(
         selected.add(path)
         step = by_path[path]
         for dep in step.blocking_deps:
-            done = statuses.get(dep) is not None and statuses[dep].status == Status.SUCCESS
-            if expand_succeeded or not done:
+            if expand_succeeded or not _succeeded(statuses.get(dep)):
                 stack.append(dep)
     return [step for step in graph.steps if step.output_path in selected]
 
@@ -186,6 +222,9 @@ def make_plan(
     now = time.time()
     for step in selected:
         last = statuses[step.output_path]
+        if isinstance(last, StatusFileError):
+            rows[step.output_path] = PlannedStep(step, Action.ERROR, str(last), status_error=last)
+            continue
         row = _plan_step(step, last, store, leases, force_run_failed, now)
         if row.action == Action.RUN and last is None:
             previous = siblings.most_recent(step)
@@ -195,16 +234,24 @@ def make_plan(
                 reasons = diff_versions(version, step.version, dep_names)
                 row = dataclasses.replace(row, why_new=tuple(reasons), previous_output=path)
         pending = (
-            [dep for dep in step.blocking_deps if dep in rows and rows[dep].action in _WILL_RUN]
+            [
+                dep
+                for dep in step.blocking_deps
+                if dep in rows and rows[dep].action in (*_WILL_RUN, Action.ERROR)
+            ]
             if row.action == Action.RUN
             else []
         )
         if pending:
-            verb = "runs elsewhere" if rows[pending[0]].action == Action.WAIT else "will run"
+            # A dependency with an error blocks for good: name it before one that will run.
+            first = next((dep for dep in pending if rows[dep].action == Action.ERROR), pending[0])
+            verb = {Action.WAIT: "runs elsewhere", Action.ERROR: "has an error (see its row)"}.get(
+                rows[first].action, "will run"
+            )
             row = dataclasses.replace(
                 row,
                 action=Action.BLOCKED,
-                reason=f"{row.reason}; after dependency {names[pending[0]]} {verb}",
+                reason=f"{row.reason}; after dependency {names[first]} {verb}",
             )
         rows[step.output_path] = row
     return Plan(rows=tuple(rows[s.output_path] for s in selected), graph=graph)
@@ -306,11 +353,11 @@ class _SiblingFinder:
         ]
         best: tuple[str, str, dict] | None = None
         for candidate in candidates:
-            last = read_last_status(self.store, candidate.path)
+            last = _read_status(self.store, candidate.path)
             record = read_info(self.store, candidate.path)
             if record is None or "version" not in record:
                 continue
-            stamp = last.date if last is not None else ""
+            stamp = last.date if isinstance(last, StatusEvent) else ""
             if best is None or stamp > best[0]:
                 best = (stamp, candidate.path, record["version"])
         return None if best is None else (best[1], best[2])

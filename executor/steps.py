@@ -16,17 +16,67 @@ ports by changing only its imports:
   step does not wait for (or run) the producer.
 - `this_output_path(sub)` / `THIS_OUTPUT_PATH`: the step's own output directory.
 - `versioned(v)`: mark a config value as part of the step's identity (its hash).
+
+A step's name is checked when the step is built (see `check_step_name`): it becomes a
+path under the prefix, so it must be one unambiguously.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 ConfigT = TypeVar("ConfigT")
 T = TypeVar("T")
+
+
+class StepDefinitionError(ValueError):
+    """A step (or the set of steps) is declared in a way the executor cannot run."""
+
+
+_NAME_PART = re.compile(r"[A-Za-z0-9_.\-]+")
+
+RESERVED_FIRST_PARTS = ("experiments",)
+"""`<prefix>/experiments/` holds the experiment manifests: no step output goes there."""
+
+
+def check_step_name(name: Any) -> None:
+    """Raise StepDefinitionError unless `name` is a clean relative path (see `_name_problem`)."""
+    if not isinstance(name, str):
+        raise StepDefinitionError(f"step name must be a string, got {type(name).__name__} {name!r}")
+    problem = _name_problem(name)
+    if problem is not None:
+        raise StepDefinitionError(
+            f"step name {name!r} is invalid: {problem}. A name is parts of letters, digits, '_', '-' "
+            "and '.' joined by single '/' (e.g. 'tokenized/stdlib'); its output goes to "
+            "<prefix>/<name>-<hash>"
+        )
+
+
+def _name_problem(name: str) -> str | None:
+    if not name:
+        return "it is empty"
+    if name.startswith("/"):
+        return "it starts with '/' (names are relative to the prefix; use override_output_path to write elsewhere)"
+    if name.endswith("/"):
+        return "it ends with '/'"
+    parts = name.split("/")
+    if "" in parts:
+        return "it contains '//'"
+    for part in parts:
+        if part in (".", ".."):
+            return f"it has the part {part!r}, which is not a directory name"
+        if not _NAME_PART.fullmatch(part):
+            bad = "".join(sorted({char for char in part if not _NAME_PART.fullmatch(char)}))
+            return f"it contains {bad!r}"
+    if parts[0] in RESERVED_FIRST_PARTS:
+        return (
+            f"'{parts[0]}' is reserved: <prefix>/{parts[0]}/ holds the experiment manifests; rename the step"
+        )
+    return None
 
 
 def _join(base: str | None, sub: str | None) -> str | None:
@@ -67,6 +117,9 @@ class ExecutorStep(Generic[ConfigT]):
     resources: Any = None
     """Resources the step asks for (e.g. accelerators); None means a light step run in
     the driver."""
+
+    def __post_init__(self):
+        check_step_name(self.name)
 
     def cd(self, name: str) -> InputName:
         """The sub-path `name` of this step's output, as an input for another step."""

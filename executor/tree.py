@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from executor.fingerprint import encode
 from executor.graph import ResolvedStep, StepGraph, join_path
-from executor.store import Store
+from executor.store import Store, StoreError
 from executor.template import encode_template
 
 INFO_FILE = ".executor_info"
@@ -41,6 +43,26 @@ class Status(enum.StrEnum):
 
 
 _STATUS_BY_NAME = {status.value: status for status in Status}
+
+STATUS_TAIL_BYTES = 64 * 1024
+"""Planning reads this many bytes from the end of a status file: the last line is the
+current status, so a history of any length costs one small read."""
+
+STATUS_MAX_LINE_BYTES = 16 * 1024 * 1024
+"""A last line longer than the tail (a huge error message) is read again up to this size;
+longer than this, the file is refused."""
+
+
+class StatusFileError(ValueError):
+    """A `.executor_status` file the executor cannot read: names the file and the fix."""
+
+    def __init__(self, path: str, why: str):
+        self.path = path
+        self.why = why
+        super().__init__(
+            f"cannot read the status file {path}: {why}. Delete it to plan the step afresh "
+            "(the step then runs again; its other files are kept)"
+        )
 
 
 def info_path(output_path: str) -> str:
@@ -86,15 +108,46 @@ class StatusEvent:
 
     @staticmethod
     def from_json(line: str) -> StatusEvent:
-        record = json.loads(line)
+        """Parse one line; ValueError saying what is wrong when it is not a status event."""
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"not valid JSON ({error.msg} at column {error.colno}; truncated?)") from None
+        except RecursionError:
+            raise ValueError("not a status event (JSON nested too deeply)") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"a JSON {type(record).__name__}, not a status event object")
         pop = record.pop
+        status = _parse_status_word(pop("status", None))
+        fields = {key: pop(key, None) for key in ("date", "message", "worker")}
+        for key, value in [*fields.items(), *((k, record[k]) for k in _STRING_EXTRAS if k in record)]:
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"field {key!r} is a {type(value).__name__}, not a string")
         return StatusEvent(
-            date=pop("date", None) or "",
-            status=_STATUS_BY_NAME[pop("status")],
-            message=pop("message", None),
-            worker=pop("worker", None),
+            date=fields["date"] or "",
+            status=status,
+            message=fields["message"],
+            worker=fields["worker"],
             extra=record,
         )
+
+
+_STRING_EXTRAS = ("version_hash", "config_digest")
+"""Extra fields the planner compares as strings."""
+
+
+def _parse_status_word(word: Any) -> Status:
+    status = _STATUS_BY_NAME.get(word) if isinstance(word, str) else None
+    if status is None:
+        shown = repr(word) if len(repr(word)) <= 60 else repr(word)[:57] + "..."
+        raise ValueError(f"unknown status {shown} (expected one of {', '.join(_STATUS_BY_NAME)})")
+    return status
+
+
+def _parse_line(line: str) -> StatusEvent:
+    if line.startswith("{"):
+        return StatusEvent.from_json(line)
+    return StatusEvent(date="", status=_parse_status_word(line))  # Marin's old one-word format
 
 
 def utc_now_iso(timestamp: float | None = None) -> str:
@@ -102,41 +155,112 @@ def utc_now_iso(timestamp: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment)) + f".{int(moment % 1 * 1000):03d}Z"
 
 
-def parse_status(text: str | None) -> list[StatusEvent]:
-    """Parse a status file; also reads Marin's old one-word format."""
+def parse_status(text: str | None, path: str = STATUS_FILE) -> list[StatusEvent]:
+    """Parse a whole status history; also reads Marin's old one-word format.
+
+    Raises StatusFileError naming `path` and the line when a line is not a status event.
+    """
     if not text:
         return []
     events = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if not line:
             continue
-        if line.startswith("{"):
-            events.append(StatusEvent.from_json(line))
-        else:
-            events.append(StatusEvent(date="", status=Status(line)))
+        try:
+            events.append(_parse_line(line))
+        except ValueError as error:
+            raise StatusFileError(path, f"line {number}: {error}") from None
     return events
 
 
-def parse_last_status(text: str | None) -> StatusEvent | None:
-    """Only the current status: parses one line, for planning over thousands of steps."""
+def parse_last_status(text: str | None, path: str = STATUS_FILE) -> StatusEvent | None:
+    """Only the current status (the last line), for planning over thousands of steps."""
     if not text:
         return None
     stripped = text.rstrip()
     if not stripped:
         return None
     line = stripped[stripped.rfind("\n") + 1 :].strip()
-    if line.startswith("{"):
-        return StatusEvent.from_json(line)
-    return StatusEvent(date="", status=Status(line))
+    try:
+        return _parse_line(line)
+    except ValueError as error:
+        raise StatusFileError(path, f"last line: {error}") from None
 
 
 def read_last_status(store: Store, output_path: str) -> StatusEvent | None:
-    return parse_last_status(store.read_text(status_path(output_path)))
+    """The step's current status, reading only the end of its status file (STATUS_TAIL_BYTES).
+
+    None when there is no status file (or it is empty). Raises StatusFileError (bad
+    content, or a directory in its place) or StoreError (storage failure), both naming
+    the file.
+    """
+    path = status_path(output_path)
+    for limit in (STATUS_TAIL_BYTES, STATUS_MAX_LINE_BYTES):
+        data, whole = _read_tail(store, path, limit)
+        if data is None:
+            return None
+        if whole:
+            break
+        newline = data.find(b"\n", 0, len(data.rstrip()))
+        if newline >= 0:
+            data = data[newline + 1 :]  # the first line of the tail may be cut
+            break
+    else:
+        raise StatusFileError(path, f"its last line is longer than {STATUS_MAX_LINE_BYTES:,} bytes")
+    return parse_last_status(_decode(data, path), path)
 
 
 def read_status(store: Store, output_path: str) -> list[StatusEvent]:
-    return parse_status(store.read_text(status_path(output_path)))
+    """The step's whole status history. Raises like `read_last_status`."""
+    path = status_path(output_path)
+    data, _ = _read_tail(store, path, None)
+    return parse_status(None if data is None else _decode(data, path), path)
+
+
+def _decode(data: bytes, path: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise StatusFileError(path, f"not UTF-8 text (byte {error.start} of what was read)") from None
+
+
+def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None, bool]:
+    """(The last `limit` bytes of `path`, or all of it; whether that is the whole file).
+
+    (None, True) when the file does not exist. A directory in its place is a
+    StatusFileError; any other storage failure a StoreError naming the file.
+    (Candidate for `Store.read_tail`: object stores do it with one suffix-range GET.)
+    """
+    local = store.local_path(path)
+    try:
+        if local is None:
+            try:
+                data = store.fs.cat_file(store.fs_path(path), **({} if limit is None else {"start": -limit}))
+            except (FileNotFoundError, NotADirectoryError):
+                return None, True
+            return data, limit is None or len(data) < limit
+        try:
+            fd = os.open(local, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None, True
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISDIR(info.st_mode):
+                raise IsADirectoryError(local)
+            start = 0 if limit is None else max(0, info.st_size - limit)
+            chunks = []
+            while chunk := os.pread(fd, 1 << 20, start):
+                chunks.append(chunk)
+                start += len(chunk)
+            data = b"".join(chunks)
+            return data, limit is None or info.st_size <= limit
+        finally:
+            os.close(fd)
+    except IsADirectoryError:
+        raise StatusFileError(path, "it is a directory, not a file") from None
+    except OSError as error:
+        raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
 
 
 def append_status(
@@ -153,10 +277,6 @@ def append_status(
     events.append(event)
     store.write_atomic(status_path(output_path), "".join(e.to_json() + "\n" for e in events))
     return event
-
-
-def current_status(events: list[StatusEvent]) -> Status | None:
-    return events[-1].status if events else None
 
 
 def step_info_record(
@@ -200,13 +320,19 @@ def write_info(store: Store, record: dict[str, Any]) -> None:
 
 
 def read_info(store: Store, output_path: str) -> dict[str, Any] | None:
-    text = store.read_text(info_path(output_path))
-    if text is None:
+    """The step's `.executor_info`, or None when it is missing or not a JSON object.
+
+    Only explanations (why a hash changed, which unversioned fields differ) read it, so
+    an unreadable one costs an explanation, never a run. Storage failures still raise.
+    """
+    data = store.read_bytes(info_path(output_path))
+    if data is None:
         return None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        record = json.loads(data)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested absurdly deep
         return None
+    return record if isinstance(record, dict) else None
 
 
 @dataclass(frozen=True)

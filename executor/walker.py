@@ -6,6 +6,10 @@ item and dict value, and hand each *marker* (an `InputName`, an `ExecutorStep` u
 as an input, an `OutputName` or a `VersionedValue`) to a callback that returns its
 replacement. Everything else is left as it is. Containers are rebuilt only where
 something inside them changed, so walking a config with no markers is cheap.
+
+The walk refuses configs nested more than `MAX_DEPTH` containers deep (see
+`executor.fingerprint`) with a `ConfigTooDeepError` naming the field, before Python's
+recursion limit could turn it into a RecursionError.
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from executor.fingerprint import MAX_DEPTH
 from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
 
 MARKER_TYPES = (InputName, ExecutorStep, OutputName, VersionedValue)
 
 MarkerCallback = Callable[[Any, str], Any]
+
+
+class ConfigTooDeepError(ValueError):
+    """A config nests containers more than MAX_DEPTH deep."""
 
 
 def child_path(path: str, key: str | int) -> str:
@@ -28,15 +37,27 @@ def child_path(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
-def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "") -> Any:
-    """Return `obj` with every marker replaced by `on_marker(marker, field_path)`."""
+def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int = 0) -> Any:
+    """Return `obj` with every marker replaced by `on_marker(marker, field_path)`.
+
+    `depth` counts the containers around `obj` (see ConfigTooDeepError).
+    """
     if isinstance(obj, MARKER_TYPES):
         return on_marker(obj, path)
+    kind = type(obj)
+    if kind is str or kind is int or kind is float or kind is bool or obj is None:  # most leaves
+        return obj
+    if depth >= MAX_DEPTH and (isinstance(obj, (list, tuple, dict)) or dataclasses.is_dataclass(obj)):
+        shown = path if len(path) <= 120 else path[:117] + "..."
+        raise ConfigTooDeepError(
+            f"config field {shown!r} is nested more than {MAX_DEPTH} levels deep; flatten the config"
+        )
+    depth += 1
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         changes = {}
         for field in dataclasses.fields(obj):
             old = getattr(obj, field.name)
-            new = map_markers(old, on_marker, child_path(path, field.name))
+            new = map_markers(old, on_marker, child_path(path, field.name), depth)
             if new is not old:
                 if not field.init:
                     raise ValueError(
@@ -46,14 +67,17 @@ def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "") -> Any:
                 changes[field.name] = new
         return dataclasses.replace(obj, **changes) if changes else obj
     if isinstance(obj, (list, tuple)):
-        items = [map_markers(item, on_marker, child_path(path, i)) for i, item in enumerate(obj)]
+        items = [map_markers(item, on_marker, child_path(path, i), depth) for i, item in enumerate(obj)]
         if all(new is old for new, old in zip(items, obj, strict=True)):
             return obj
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
             return type(obj)(*items)
         return type(obj)(items)
     if isinstance(obj, dict):
-        out = {key: map_markers(value, on_marker, child_path(path, str(key))) for key, value in obj.items()}
+        out = {
+            key: map_markers(value, on_marker, child_path(path, str(key)), depth)
+            for key, value in obj.items()
+        }
         if all(out[key] is value for key, value in obj.items()):
             return obj
         return type(obj)(out) if type(obj) is not dict else out

@@ -231,19 +231,77 @@ def test_non_step_in_the_step_list(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["", "a//b", "../x", "a/../b", "..", "/abs", "trailing/", "a b", "semi;colon"]
+    ("name", "problem"),
+    [
+        ("", "empty"),
+        (".", "'.'"),
+        ("..", "'..'"),
+        ("a/./b", "'.'"),
+        ("../x", "'..'"),
+        ("a/../b", "'..'"),
+        ("a//b", "'//'"),
+        ("/abs", "starts with '/'"),
+        ("trailing/", "ends with '/'"),
+        ("a b", "' '"),
+        ("semi;colon", "';'"),
+        ("experiments", "reserved"),
+        ("experiments/x", "reserved"),
+    ],
 )
-def test_invalid_step_name(tmp_path, name):
-    run_expecting(tmp_path, [ExecutorStep(name, record, Cfg())], StepDefinitionError, repr(name), "name")
+def test_invalid_step_name_is_refused_when_the_step_is_built(name, problem):
+    with pytest.raises(StepDefinitionError) as caught:
+        ExecutorStep(name, record, Cfg())
+    message = str(caught.value)
+    assert f"step name {name!r} is invalid" in message
+    assert problem in message
+    assert "e.g. 'tokenized/stdlib'" in message  # the fix
+
+
+def test_a_step_name_must_be_a_string():
+    with pytest.raises(StepDefinitionError, match="step name must be a string, got int 3"):
+        ExecutorStep(3, record, Cfg())
+
+
+@pytest.mark.parametrize("name", ["a", "a.b/c-d_e", "tokenized/stdlib", "experiments_v2", "x/experiments"])
+def test_valid_step_names_are_accepted(name):
+    assert ExecutorStep(name, record, Cfg()).name == name
+
+
+def _dirname(tmp_path: Path, s: ExecutorStep) -> str:
+    return resolve([s], str(prefix_of(tmp_path))).steps[0].output_path.rsplit("/", 1)[-1]
+
+
+def test_a_step_named_into_another_steps_output_is_refused(tmp_path):
+    outer = step("a")
+    inner = step(f"{_dirname(tmp_path, outer)}/b")
+    message = run_expecting(tmp_path, [outer, inner], StepDefinitionError, repr(inner.name), "'a'")
+    assert "inside the output of step 'a'" in message and "Rename" in message
+
+
+def test_an_override_into_another_steps_output_is_refused(tmp_path):
+    outer = step("a")
+    inner = ExecutorStep("b", record, Cfg(label="b"), override_output_path=f"{_dirname(tmp_path, outer)}/sub")
+    run_expecting(tmp_path, [inner, outer], StepDefinitionError, "'b'", "inside the output of step 'a'")
+
+
+def test_an_override_around_other_steps_outputs_is_refused(tmp_path):
+    outer = ExecutorStep("outer", record, Cfg(label="outer"), override_output_path="data")
+    inner = step("data/inner")
     run_expecting(
-        tmp_path,
-        [step("down", deps={"up": ExecutorStep(name, record, Cfg())})],
-        StepDefinitionError,
-        repr(name),
+        tmp_path, [outer, inner], StepDefinitionError, "'data/inner'", "inside the output of step 'outer'"
     )
 
 
-@pytest.mark.parametrize("override", ["", "/", "../escape"])
+@pytest.mark.parametrize("override", ["experiments", "experiments/x", "PREFIX"])
+def test_an_override_onto_the_experiment_manifests_is_refused(tmp_path, override):
+    override = str(prefix_of(tmp_path)) if override == "PREFIX" else override
+    bad = ExecutorStep("s", record, Cfg(), override_output_path=override)
+    run_expecting(
+        tmp_path, [bad], StepDefinitionError, "'s'", f"{prefix_of(tmp_path)}/experiments/", "manifests"
+    )
+
+
+@pytest.mark.parametrize("override", ["", "/", "../escape", "./x", "a/./b", "a//b", "a/.."])
 def test_invalid_override_output_path(tmp_path, override):
     bad = ExecutorStep("s", record, Cfg(), override_output_path=override)
     # resolve() only: running such a step would write outside the test's directory.
