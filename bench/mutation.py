@@ -1,0 +1,341 @@
+"""Mutation testing of the executor and the data operations (mutmut 3), per module.
+
+Not part of the default test run: it takes tens of minutes. It answers "would our tests
+notice if this line were wrong?" by running, for every small change mutmut makes to a
+function (a flipped comparison, a dropped argument, a constant off by one), the tests
+that call that function, and counting the changes no test notices (survivors).
+
+    .venv/bin/pip install mutmut                      # 3.x
+    .venv/bin/python bench/mutation.py                # every target, HEAD, 2 workers
+    .venv/bin/python bench/mutation.py executor dedup --commit HEAD --max-children 2
+    .venv/bin/python bench/mutation.py executor/lease.py --survivors   # print survivors' diffs
+
+Each target runs in its own scratch copy (`git archive <commit>` under `--workdir`), so
+the working tree is never touched and edits made meanwhile do not leak into a run. The
+copy gets the `[tool.mutmut]` section of pyproject.toml with the target's own
+`only_mutate` and test selection (TARGETS below: the few test files that exercise the
+module; mutmut then runs, per mutant, only the tests that reach the mutated function).
+
+Kill rate = detected / (mutants - equivalent), where detected counts killed, timed-out
+and crashed mutants, and a mutant no selected test reaches counts as a survivor.
+Equivalent mutants (no behaviour changes, so no test can kill them) are listed in
+EQUIVALENT with the reason; they are matched by function and mutated line, not by
+mutmut's numbering, which shifts when code changes. See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Runs in subprocesses of the tests. mutmut's trampolines read pyproject.toml from the
+# working directory while they record which tests reach which function ("stats"); a
+# test that starts a subprocess in a temporary directory would crash there. Such a
+# subprocess runs the original code during stats (it could not report hits anyway) and
+# the mutant under test afterwards (MUTANT_UNDER_TEST is inherited).
+SITECUSTOMIZE = """\
+import os
+if os.environ.get("MUTANT_UNDER_TEST") == "stats" and not os.path.exists("pyproject.toml"):
+    os.environ["MUTANT_UNDER_TEST"] = ""
+"""
+
+
+@dataclass(frozen=True)
+class Target:
+    files: tuple[str, ...]
+    """Source files to mutate (globs relative to the repository root)."""
+
+    tests: tuple[str, ...]
+    """Test files (or directories) whose tests may kill its mutants."""
+
+    select: str = ""
+    """A pytest -k expression that leaves out slow tests which add nothing here."""
+
+
+_EXECUTOR_TESTS = ("tests/executor",)
+# s3 runs the store contract against SeaweedFS (seconds to start, same code path as memory://).
+_EXECUTOR_SELECT = "not s3"
+
+TARGETS: dict[str, Target] = {
+    "executor": Target(("executor/*.py",), _EXECUTOR_TESTS, _EXECUTOR_SELECT),
+    "safety": Target(
+        ("marin/web/safety.py",),
+        ("tests/marin/test_safety_mutants.py", "tests/marin/test_web.py"),
+    ),
+    "dedup": Target(
+        ("operations/dedup.py",),
+        ("tests/operations/test_dedup.py", "tests/operations/test_mutation_guards.py"),
+    ),
+    "filter": Target(
+        ("operations/filter.py",),
+        ("tests/operations/test_filter.py", "tests/operations/test_mutation_guards.py"),
+    ),
+    "tokenize": Target(
+        ("operations/tokenize.py",),
+        ("tests/operations/test_tokenize.py", "tests/operations/test_mutation_guards.py"),
+        # The Ray builder test starts a Ray cluster per mutant; the in-process builder runs
+        # the same build_caches / lm_data_config code.
+        "not ray_builder",
+    ),
+}
+"""Named targets. A path like `executor/lease.py` is also a target: the executor's tests on that file."""
+
+EQUIVALENT: dict[tuple[str, str], str] = {
+    # (function, the mutated line, stripped) -> why no test can tell the mutant from the original
+    ("map_markers", "if all(new is old for new, old in zip(items, obj, strict=None)):"): (
+        "`items` is built from `obj`, so the lengths always match and `strict` never fires"
+    ),
+    ("map_markers", "if all(new is old for new, old in zip(items, obj, )):"): (
+        "`items` is built from `obj`, so the lengths always match and `strict` never fires"
+    ),
+}
+
+
+def target_for(name: str) -> Target:
+    if name in TARGETS:
+        return TARGETS[name]
+    if name.startswith("executor/") and name.endswith(".py"):
+        return Target((name,), _EXECUTOR_TESTS, _EXECUTOR_SELECT)
+    raise SystemExit(f"unknown target {name!r}: use one of {', '.join(TARGETS)} or executor/<file>.py")
+
+
+@dataclass
+class Report:
+    name: str
+    commit: str
+    mutants: int = 0
+    killed: int = 0
+    timeout: int = 0
+    crashed: int = 0
+    survived: list[str] = field(default_factory=list)
+    no_tests: list[str] = field(default_factory=list)
+    not_checked: int = 0
+    equivalent: dict[str, str] = field(default_factory=dict)
+    per_file: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+    diffs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def detected(self) -> int:
+        return self.killed + self.timeout + self.crashed
+
+    @property
+    def rate(self) -> float:
+        denominator = self.mutants - len(self.equivalent) - self.not_checked
+        return self.detected / denominator if denominator else 1.0
+
+    def line(self) -> str:
+        return (
+            f"{self.name}: {self.rate:.1%} killed ({self.detected} of "
+            f"{self.mutants - len(self.equivalent) - self.not_checked}; {self.killed} killed, "
+            f"{self.timeout} timeout, {self.crashed} crashed, {len(self.survived)} survived, "
+            f"{len(self.no_tests)} reached by no test, {len(self.equivalent)} equivalent excluded, "
+            f"{self.not_checked} not checked) in {self.seconds:.0f} s at {self.commit[:10]}"
+        )
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def prepare(workdir: Path, commit: str, target: Target) -> None:
+    """A fresh copy of the repository at `commit` with the target's mutmut configuration."""
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", commit], cwd=REPO, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive, check=True)
+    (workdir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    pyproject = (workdir / "pyproject.toml").read_text()
+    base = tomllib.loads(pyproject).get("tool", {}).get("mutmut", {})
+    # Drop the committed section; write the target's (same keys, target-specific values).
+    pyproject = re.sub(r"\n\[tool\.mutmut\]\n(?:(?!\n\[).)*", "\n", pyproject, flags=re.S)
+    settings = {
+        "source_paths": base.get("source_paths", ["executor", "operations", "marin"]),
+        "only_mutate": list(target.files),
+        "also_copy": ["sitecustomize.py", *base.get("also_copy", ["experiments", "bench"])],
+        # Test files added later are skipped at commits that lack them ("before" runs).
+        "pytest_add_cli_args_test_selection": [t for t in target.tests if (workdir / t).exists()],
+        "pytest_add_cli_args": [
+            *base.get("pytest_add_cli_args", ["-p", "no:cacheprovider"]),
+            *(["-k", target.select] if target.select else []),
+        ],
+        "timeout_multiplier": base.get("timeout_multiplier", 10.0),
+    }
+    lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
+    (workdir / "pyproject.toml").write_text(pyproject.rstrip() + "\n" + "\n".join(lines) + "\n")
+
+
+def mutmut_binary() -> str:
+    candidate = Path(sys.executable).parent / "mutmut"
+    if not candidate.exists():
+        raise SystemExit("mutmut is not installed: .venv/bin/pip install mutmut")
+    return str(candidate)
+
+
+def run_mutmut(workdir: Path, max_children: int, timeout: float, log: Path) -> bool:
+    """Run mutmut in `workdir`; False when it ran out of time (results so far are kept)."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            ["nice", "-n", "10", mutmut_binary(), "run", "--max-children", str(max_children)],
+            cwd=workdir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 15)
+            process.wait()
+            return False
+    return process.returncode == 0
+
+
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", None: "not checked"}
+TIMEOUT_CODES = {24, -24, 36, 152, 255}
+CRASH_CODES = {-9, -11}
+
+
+def function_sources(path: Path) -> dict[str, str]:
+    tree = ast.parse(path.read_text())
+    text = path.read_text().splitlines()
+    return {
+        node.name: "\n".join(text[node.lineno - 1 : node.end_lineno])
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+
+
+def mutant_diff(sources: dict[str, str], mutant: str) -> tuple[str, list[str]]:
+    """(original function name, the mutated lines) of `mutant` (a `module.x_fn__mutmut_N` name)."""
+    local = mutant.rsplit(".", 1)[-1]
+    original = re.sub(r"__mutmut_\d+$", "__mutmut_orig", local)
+    before, after = sources.get(original, ""), sources.get(local, "")
+    lines = [
+        line
+        for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+        if line[:1] in "+-" and line[:3] not in ("+++", "---")
+    ]
+    function = re.sub(r"__mutmut_\d+$", "", local).removeprefix("x_").split("ǁ")[-1]
+    return function, lines
+
+
+def collect(workdir: Path, name: str, commit: str) -> Report:
+    report = Report(name=name, commit=commit)
+    for meta in sorted((workdir / "mutants").rglob("*.py.meta")):
+        source_file = str(meta.relative_to(workdir / "mutants"))[: -len(".meta")]
+        data = json.loads(meta.read_text())
+        codes = data.get("exit_code_by_key", {})
+        if not codes:
+            continue
+        sources = function_sources(meta.with_suffix(""))
+        counts = {"mutants": 0, "detected": 0, "equivalent": 0}
+        for mutant, code in codes.items():
+            report.mutants += 1
+            counts["mutants"] += 1
+            function, lines = mutant_diff(sources, mutant)
+            added = [line[1:].strip() for line in lines if line.startswith("+")]
+            reason = next((EQUIVALENT[(function, a)] for a in added if (function, a) in EQUIVALENT), None)
+            if reason is not None:
+                report.equivalent[mutant] = reason
+                counts["equivalent"] += 1
+                continue
+            if code in TIMEOUT_CODES:
+                report.timeout += 1
+            elif code in CRASH_CODES:
+                report.crashed += 1
+            elif STATUS.get(code, "suspicious") == "killed":
+                report.killed += 1
+            elif code is None:
+                report.not_checked += 1
+                continue
+            else:
+                (report.no_tests if STATUS.get(code) == "no tests" else report.survived).append(mutant)
+                report.diffs[mutant] = f"{source_file} {function}:\n" + "\n".join(lines)
+                continue
+            counts["detected"] += 1
+        report.per_file[source_file] = counts
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("targets", nargs="*", default=["safety", "filter", "dedup", "tokenize", "executor"])
+    parser.add_argument("--commit", default="HEAD", help="commit to test (default HEAD)")
+    parser.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per target (default 3600)")
+    parser.add_argument("--workdir", default="/tmp/marin-mutation", help="scratch directory")
+    parser.add_argument("--survivors", action="store_true", help="print each survivor's diff")
+    parser.add_argument("--collect-only", action="store_true", help="re-read the results of an earlier run")
+    parser.add_argument("--json", help="also write the reports here")
+    args = parser.parse_args(argv)
+
+    commit = git("rev-parse", args.commit)
+    reports = []
+    for name in args.targets:
+        target = target_for(name)
+        workdir = Path(args.workdir) / name.replace("/", "_").removesuffix(".py")
+        started = time.time()
+        finished = True
+        if not args.collect_only:
+            prepare(workdir, commit, target)
+            finished = run_mutmut(workdir, args.max_children, args.timeout, workdir / "mutmut.log")
+        report = collect(workdir, name, commit)
+        report.seconds = time.time() - started
+        reports.append(report)
+        print(report.line() + ("" if finished else "  [stopped at --timeout]"), flush=True)
+        for source_file, counts in report.per_file.items():
+            checked = counts["mutants"] - counts["equivalent"]
+            rate = counts["detected"] / checked if checked else 1.0
+            print(f"    {source_file}: {rate:.1%} of {checked}", flush=True)
+        if args.survivors:
+            for mutant in report.survived + report.no_tests:
+                tag = " (reached by no test)" if mutant in report.no_tests else ""
+                print(f"\n  {mutant}{tag}\n    " + report.diffs[mutant].replace("\n", "\n    "))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                [
+                    {
+                        "target": r.name,
+                        "commit": r.commit,
+                        "rate": r.rate,
+                        "mutants": r.mutants,
+                        "killed": r.killed,
+                        "timeout": r.timeout,
+                        "crashed": r.crashed,
+                        "survived": r.survived,
+                        "no_tests": r.no_tests,
+                        "equivalent": r.equivalent,
+                        "not_checked": r.not_checked,
+                        "per_file": r.per_file,
+                        "diffs": r.diffs,
+                    }
+                    for r in reports
+                ],
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
