@@ -152,8 +152,9 @@ class TrustedCode:
         return self.may_run(real) or (not _under(real, self.excluded) and _under(real, self.installed))
 
     def describe_allowed(self) -> str:
+        """Where functions may be defined, for a refusal message."""
         places = [*self.packages, *([self.checkout] if self.checkout else [])]
-        return ", ".join(places) or "nowhere (no function is trusted here)"
+        return f"the trusted code ({', '.join(places)})" if places else "trusted code (none is configured)"
 
     # -- names -------------------------------------------------------------------
     def module(self, name: str) -> ModuleType:
@@ -182,8 +183,8 @@ class TrustedCode:
             for location in _spec_locations(spec):
                 if not self.may_import(location):
                     raise TemplateError(
-                        f"module {prefix!r} would be imported from {location}, which is not this project "
-                        "(" + self.describe_allowed() + "), this checkout or installed code: refused"
+                        f"module {prefix!r} would be imported from {location}, which is neither "
+                        f"{self.describe_allowed()} nor installed code: refused"
                     )
             try:
                 importlib.import_module(prefix)
@@ -249,8 +250,8 @@ class TrustedCode:
         for location in (module_file, source):
             if not self.may_run(location):
                 raise TemplateError(
-                    f"{_at(field)}: {name} is defined in {location or 'a module without a file'}, outside "
-                    f"{self.describe_allowed()}: refused"
+                    f"{_at(field)}: {name} is defined in {location or 'a module without a file'}, "
+                    f"outside {self.describe_allowed()}: refused"
                 )
         self.approved.append((field, name, os.path.realpath(source)))
         return fn

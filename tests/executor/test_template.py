@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -11,7 +12,7 @@ import pytest
 
 from executor import ExecutorStep, InputName, this_output_path, versioned
 from executor.graph import resolve
-from executor.template import TemplateError, decode_template, encode_template, import_qualified
+from executor.template import TemplateError, TrustedCode, decode_template, encode_template, import_qualified
 
 
 class Mode(enum.Enum):
@@ -96,3 +97,71 @@ def test_dunder_keys_in_plain_dicts_do_not_collide_with_tags():
     value = {"__dataclass__": "not a tag", "x": 1}
     record = encode_template(value, lambda s: "")
     assert decode_template(json.loads(json.dumps(record)), lambda path: None) == value
+
+
+# -- decoding untrusted records ------------------------------------------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass(frozen=True)
+class WithFunction:
+    transform: object = None
+
+
+def test_functions_in_configs_are_refused_by_default_and_allowed_from_the_checkout():
+    record = {
+        "__dataclass__": f"{__name__}:WithFunction",
+        "fields": {"transform": {"__callable__": f"{__name__}:noop"}},
+    }
+    with pytest.raises(
+        TemplateError,
+        match=r"field 'transform': .*:noop is defined in .*test_template.py, outside trusted code",
+    ):
+        decode_template(record, lambda path: None)
+    policy = TrustedCode(checkout=REPO)
+    assert decode_template(record, lambda path: None, policy=policy) == WithFunction(noop)
+    assert policy.approved == [("transform", f"{__name__}:noop", os.path.realpath(__file__))]
+
+
+def test_installed_code_gives_types_but_never_functions():
+    policy = TrustedCode(checkout=REPO, installed=[os.path.dirname(os.__file__)])
+    assert decode_template(
+        {"__path__": "pathlib:PurePosixPath", "value": "a"}, lambda p: None, policy=policy
+    ) == (PurePosixPath("a"))
+    with pytest.raises(TemplateError, match=r"json:dumps is defined in .*json.*, outside"):
+        policy.function("json:dumps", "fn_name")
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (
+            {"__path__": "os:system", "value": "true"},
+            "os:system is a builtin function, not a pathlib path type",
+        ),
+        (
+            {"__dataclass__": "builtins:eval", "fields": {}},
+            "builtins:eval is a builtin function, not a dataclass",
+        ),
+        ({"__dataclass__": f"{__name__}:noop", "fields": {}}, "is a function .*, not a dataclass"),
+        ({"__enum__": f"{__name__}:Inner", "name": "x"}, "the dataclass .*Inner, not an Enum"),
+        ({"__callable__": "os:system"}, "os:system is a builtin function"),
+        ({"__callable__": "os.path:join"}, "is defined in .*posixpath.py, outside"),
+        ({"__dataclass__": "os:system:x", "fields": {}}, "is not a `module:qualname` name"),
+        ({"__enum__": f"{__name__}:Mode", "name": "MISSING"}, "has no member 'MISSING'"),
+    ],
+)
+def test_names_of_the_wrong_kind_are_refused_before_anything_is_called(record, why):
+    with pytest.raises(TemplateError, match=why):
+        decode_template(record, lambda path: None, policy=TrustedCode(checkout=REPO))
+
+
+def test_modules_are_imported_only_from_allowed_places(tmp_path, monkeypatch):
+    (tmp_path / "planted_module.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TemplateError, match="module 'planted_module' would be imported from"):
+        TrustedCode(checkout=REPO).resolve("planted_module:Thing", "x")
+    assert not (tmp_path / "ran").exists()
+    with pytest.raises(TemplateError, match="would be imported from"):  # excluded wins over the checkout
+        TrustedCode(checkout=str(tmp_path), excluded=[str(tmp_path)]).resolve("planted_module:Thing")
+    assert not (tmp_path / "ran").exists()
