@@ -47,8 +47,16 @@ class UnencodableValueError(ValueError):
     def __init__(self, field_path: str, value: Any, why: str):
         self.field_path = field_path
         self.value = value
-        shown = field_path if len(field_path) <= 120 else field_path[:117] + "..."
-        super().__init__(f"field {shown or '<root>'!r}: {why}")
+        super().__init__(f"field {short_path(field_path, 120) or '<root>'!r}: {why}")
+
+
+class ValueTooDeepError(UnencodableValueError):
+    """A value nests more than MAX_DEPTH containers deep (`field_path`: where the walk stopped)."""
+
+
+def short_path(path: str, limit: int = 60) -> str:
+    """A field path cut to `limit` characters, for messages about absurdly deep values."""
+    return path if len(path) <= limit else path[: limit - 3] + "..."
 
 
 def _describe(value: Any) -> str:
@@ -67,11 +75,7 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
     if depth >= MAX_DEPTH and (
         isinstance(value, (list, tuple, set, frozenset, dict)) or dataclasses.is_dataclass(value)
     ):
-        raise UnencodableValueError(
-            path,
-            value,
-            f"nested more than {MAX_DEPTH} levels deep; flatten it (or version a digest of it instead)",
-        )
+        raise ValueTooDeepError(path, value, f"nested more than {MAX_DEPTH} levels deep")
     depth += 1
     names = _PLAIN_DATACLASS_FIELDS.get(kind)
     if names is not None:  # fast path: a dataclass type seen before

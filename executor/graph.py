@@ -46,11 +46,14 @@ from typing import Any
 
 from executor.diffing import diff_flat, flatten
 from executor.fingerprint import (
+    MAX_DEPTH,
     MAX_VERSION_BYTES,
     UnencodableValueError,
+    ValueTooDeepError,
     canonical_json,
     encode,
     sha256_hex,
+    short_path,
 )
 from executor.steps import (
     RESERVED_FIRST_PARTS,
@@ -191,7 +194,7 @@ def _direct_inputs(step: ExecutorStep) -> list[ExecutorStep]:
     """The upstream steps referenced anywhere in `step`'s config, in field order."""
     found: list[ExecutorStep] = []
 
-    def visit(marker: Any, path: str) -> Any:
+    def visit(marker: Any, path: str, depth: int) -> Any:
         if isinstance(marker, ExecutorStep):
             found.append(marker)
         elif isinstance(marker, InputName) and marker.step is not None:
@@ -279,7 +282,7 @@ class _VersionBuilder:
             )
         self.config_version[path] = value
 
-    def on_marker(self, marker: Any, path: str) -> Any:
+    def on_marker(self, marker: Any, path: str, depth: int) -> Any:
         """Walker callback: record the marker in the version, return its concrete value."""
         if isinstance(marker, ExecutorStep):
             marker = InputName(marker, None)
@@ -299,7 +302,13 @@ class _VersionBuilder:
             return join_path(upstream.output_path, marker.name)
         if isinstance(marker, VersionedValue):
             try:
-                encoded = encode(marker.value, path)
+                encoded = encode(marker.value, path, depth=depth)  # one depth limit for the whole config
+            except ValueTooDeepError as error:
+                raise StepDefinitionError(
+                    f"step {self.step.name!r}: versioned field {path!r} is nested more than {MAX_DEPTH} "
+                    f"levels deep (at {short_path(error.field_path)}); flatten it, or version a digest "
+                    "of it instead"
+                ) from None
             except UnencodableValueError as error:
                 raise StepDefinitionError(f"step {self.step.name!r}: versioned {error}") from None
             self.record(path, encoded)
@@ -312,7 +321,7 @@ class _VersionBuilder:
 def _fill_output_paths(config: Any, output_path: str) -> Any:
     return map_markers(
         config,
-        lambda marker, _path: (
+        lambda marker, _path, _depth: (
             join_path(output_path, marker.name) if isinstance(marker, OutputName) else marker
         ),
     )

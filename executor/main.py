@@ -17,6 +17,10 @@ never a traceback. Exit codes:
     2  usage: a bad flag or flag value, an unknown storage scheme, an invalid lease timing
     130  interrupted (Ctrl-C)
 
+A step declared wrongly at the top of a script (an invalid name is refused when the
+`ExecutorStep` is built, before `executor_main` runs) also prints one line, with the
+script's file and line, through a `sys.excepthook` that handles StepDefinitionError only.
+
 draccus is imported inside `executor_main`, so `import executor` stays cheap.
 """
 
@@ -38,7 +42,7 @@ from executor.executor import Executor
 from executor.lease import LeaseConfig
 from executor.plan import RunOnlyError, compile_run_only
 from executor.runner import ExecutorRunError
-from executor.steps import ExecutorStep
+from executor.steps import ExecutorStep, StepDefinitionError
 
 DEFAULT_PREFIX = "./marin-output"
 
@@ -143,6 +147,24 @@ def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):
     if not config.dry_run and executor.executor_info_path:
         print(f"Experiment manifest: {executor.executor_info_path}", flush=True)
     return executor
+
+
+def _one_line_step_errors(kind, error, tb, previous=sys.excepthook):
+    """sys.excepthook: an uncaught StepDefinitionError is `error: file:line: message`."""
+    if not issubclass(kind, StepDefinitionError):
+        previous(kind, error, tb)
+        return
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    where = ""
+    while tb is not None:  # the last frame outside the executor: the declaration in the script
+        filename = tb.tb_frame.f_code.co_filename
+        if not filename.startswith(("<", package)):
+            where = f"{os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename}:{tb.tb_lineno}: "
+        tb = tb.tb_next
+    print(f"error: {where}{error}", file=sys.stderr, flush=True)
+
+
+sys.excepthook = _one_line_step_errors
 
 
 def _exit(message: str, code: int):

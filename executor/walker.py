@@ -18,12 +18,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from executor.fingerprint import MAX_DEPTH
+from executor.fingerprint import MAX_DEPTH, short_path
 from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
 
 MARKER_TYPES = (InputName, ExecutorStep, OutputName, VersionedValue)
 
-MarkerCallback = Callable[[Any, str], Any]
+MarkerCallback = Callable[[Any, str, int], Any]
+"""`(marker, field_path, depth) -> replacement`; `depth` counts the containers around the marker."""
 
 
 class ConfigTooDeepError(ValueError):
@@ -38,19 +39,21 @@ def child_path(path: str, key: str | int) -> str:
 
 
 def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int = 0) -> Any:
-    """Return `obj` with every marker replaced by `on_marker(marker, field_path)`.
+    """Return `obj` with every marker replaced by `on_marker(marker, field_path, depth)`.
 
     `depth` counts the containers around `obj` (see ConfigTooDeepError).
     """
     if isinstance(obj, MARKER_TYPES):
-        return on_marker(obj, path)
+        return on_marker(obj, path, depth)
     kind = type(obj)
     if kind is str or kind is int or kind is float or kind is bool or obj is None:  # most leaves
         return obj
-    if depth >= MAX_DEPTH and (isinstance(obj, (list, tuple, dict)) or dataclasses.is_dataclass(obj)):
-        shown = path if len(path) <= 120 else path[:117] + "..."
+    if depth >= MAX_DEPTH and (
+        isinstance(obj, (list, tuple, dict, set, frozenset)) or dataclasses.is_dataclass(obj)
+    ):
         raise ConfigTooDeepError(
-            f"config field {shown!r} is nested more than {MAX_DEPTH} levels deep; flatten the config"
+            f"config field {short_path(path.split('[', 1)[0])!r} is nested more than {MAX_DEPTH} levels "
+            f"deep (at {short_path(path)}); flatten the config"
         )
     depth += 1
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -81,4 +84,11 @@ def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int 
         if all(out[key] is value for key, value in obj.items()):
             return obj
         return type(obj)(out) if type(obj) is not dict else out
+    if isinstance(obj, (set, frozenset)):  # markers cannot be replaced inside a set: only check the depth
+        for item in obj:
+            map_markers(item, _unchanged, f"{path}[*]", depth)
     return obj
+
+
+def _unchanged(marker: Any, path: str, depth: int) -> Any:
+    return marker
