@@ -5,13 +5,15 @@ Public API (Marin's names, so Marin experiment scripts port by changing imports)
     from executor import ExecutorStep, Executor, executor_main, versioned, this_output_path
 
 This package imports no JAX, Levanter or other heavy dependency: planning and dry
-runs stay fast. See `executor.graph` for what a version is and how paths are chosen.
+runs stay fast. `import executor` loads neither fsspec (local disk goes through `os`)
+nor draccus: `executor_main` and `ExecutorMainConfig` (the command line, in
+`executor.main`) load on first use. See `executor.graph` for what a version is and
+how paths are chosen.
 """
 
 from executor.executor import Executor
 from executor.graph import HASH_LENGTH, StepDefinitionError
 from executor.lease import LeaseConfig
-from executor.main import ExecutorMainConfig, executor_main
 from executor.runner import ExecutorRunError
 from executor.steps import (
     THIS_OUTPUT_PATH,
@@ -49,3 +51,16 @@ __all__ = [
     "unwrap_versioned_value",
     "versioned",
 ]
+
+_LAZY = {"ExecutorMainConfig": "executor.main", "executor_main": "executor.main"}
+"""Names whose module loads on first use (module `__getattr__`, PEP 562)."""
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'executor' has no attribute {name!r}")

@@ -4,12 +4,18 @@ A lease is the file `<output>/.executor_status.lock` holding the holder's worker
 and the time of its last heartbeat. Every change to it is a compare-and-swap through
 the store, so two drivers can never both believe they hold it:
 
-- acquire: create the file if absent, or replace it if its heartbeat is older than
+- acquire: create the file if absent (on local disk one `O_CREAT|O_EXCL` open and one
+  write, under the directory's flock), or replace it if its heartbeat is older than
   `timeout` (the holder died: SIGKILL, lost machine, preemption);
 - heartbeat: a background thread rewrites the holder's lease every
   `heartbeat_interval`, swapping from the exact bytes it wrote last time. If the
   swap fails, someone else took the lease over: the lease is *lost*, and the driver
   is told so (it must not mark the step successful -- Marin #8107);
+- confirm, before a step's final status: the file must still hold our bytes (one
+  read). It is rewritten first only if our last write is `heartbeat_interval` old or
+  older; a younger lease cannot look stale to anyone for another `timeout -
+  heartbeat_interval` seconds, far longer than writing one status line takes. A step
+  shorter than the heartbeat interval thus creates its lease once and deletes it once;
 - release: delete the file if it still holds our bytes.
 
 Timing is wall-clock time of the drivers (`heartbeat` is a Unix timestamp), so
@@ -22,7 +28,6 @@ import dataclasses
 import logging
 import math
 import os
-import socket
 import threading
 import time
 import uuid
@@ -116,9 +121,13 @@ def _check_timing(values: Mapping[str, object], names: Mapping[str, str]) -> Non
         )
 
 
+def _hostname() -> str:
+    return os.uname().nodename  # what socket.gethostname() returns, without importing socket
+
+
 def new_worker_id() -> str:
     """Unique per driver (per Executor run): host, pid and a random suffix."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return f"{_hostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,8 @@ class LeaseManager:
         self.worker_id = worker_id
         self.on_lost = on_lost
         self._held: dict[str, bytes] = {}  # output path -> the bytes we last wrote
+        self._written: dict[str, float] = {}  # output path -> when we last wrote them
+        self._host = _hostname()
         self._lost: set[str] = set()
         self._lock = threading.Lock()
         # Serialises each read-of-our-bytes + swap: without it the heartbeat thread and a
@@ -181,6 +192,7 @@ class LeaseManager:
             if self.store.compare_and_swap(path, current, mine):
                 with self._lock:
                     self._held[output_path] = mine
+                    self._written[output_path] = now
                     self._lost.discard(output_path)
                 self._ensure_thread()
                 if record is not None:
@@ -201,13 +213,35 @@ class LeaseManager:
             if previous is None:
                 return False
             record = LeaseRecord.parse(previous)
-            mine = self._record(time.time(), acquired=record.acquired if record else time.time())
+            now = time.time()
+            mine = self._record(now, acquired=record.acquired if record else now)
             if self.store.compare_and_swap(lease_path(output_path), previous, mine):
                 with self._lock:
                     self._held[output_path] = mine
+                    self._written[output_path] = now
                 return True
             self._mark_lost(output_path)
             return False
+
+    def confirm(self, output_path: str) -> bool:
+        """True if the lease is still ours, checked just before a step's final status is written.
+
+        One read that must find our bytes; a refresh first only when our last write is
+        `heartbeat_interval` old or older (see the module docstring). False (and the lease
+        is lost) otherwise.
+        """
+        with self._swap_lock:  # no heartbeat swaps between reading `mine` and the file
+            with self._lock:
+                mine = self._held.get(output_path)
+                written = self._written.get(output_path, 0.0)
+            if mine is None:
+                return False
+            if time.time() - written >= self.config.heartbeat_interval:
+                return self.refresh(output_path)
+            if self.store.read_bytes(lease_path(output_path)) != mine:
+                self._mark_lost(output_path)
+                return False
+            return True
 
     def holds(self, output_path: str) -> bool:
         with self._lock:
@@ -221,6 +255,7 @@ class LeaseManager:
         with self._swap_lock:
             with self._lock:
                 mine = self._held.pop(output_path, None)
+                self._written.pop(output_path, None)
             if mine is not None and not self.store.compare_and_swap(lease_path(output_path), mine, None):
                 logger.warning("lease on %s was no longer ours at release", output_path)
 
@@ -235,7 +270,7 @@ class LeaseManager:
             worker=self.worker_id,
             heartbeat=now,
             acquired=acquired,
-            host=socket.gethostname(),
+            host=self._host,
             pid=os.getpid(),
         ).to_bytes()
 

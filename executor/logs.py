@@ -7,8 +7,10 @@ the step *running on the current thread*; a logging handler routes records the s
 way. Output from threads a step starts itself, and from subprocesses writing straight
 to file descriptor 1, goes to the console only.
 
-On local disk the log is written in place (so it can be tailed live); on object
-stores it is buffered in a local temporary file and uploaded when the step ends.
+The log file is created at the step's first output: a step that prints nothing
+leaves no log file (and costs no file creation). On local disk the log is written in
+place (so it can be tailed live); on object stores it is buffered in a local temporary
+file and uploaded when the step ends, appended to any earlier run's log.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import IO
 from executor.store import Store
 from executor.tree import log_path
 
-_sinks: dict[int, IO[str]] = {}
+_sinks: dict[int, _LazyLog] = {}
 _lock = threading.Lock()
 _installed = 0
 _originals: tuple = ()
@@ -97,33 +99,64 @@ def _uninstall() -> None:
             _handler = None
 
 
+class _LazyLog:
+    """A text sink that opens its file at the first write (line-buffered, so tails are live)."""
+
+    def __init__(self, opener):
+        self._opener = opener
+        self.handle: IO[str] | None = None
+
+    def write(self, text: str) -> None:
+        if self.handle is None:
+            if not text:
+                return
+            self.handle = self._opener()
+        self.handle.write(text)
+
+    def flush(self) -> None:
+        if self.handle is not None:
+            self.handle.flush()
+
+
 @contextlib.contextmanager
 def capture_step_log(store: Store, output_path: str) -> Iterator[str]:
     """Send this thread's output to the step's log file; yields the log's path."""
     target = log_path(output_path)
     local = store.local_path(target)
     if local is not None:
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        handle = open(local, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed below)
-        temp_name = None
+        sink = _LazyLog(lambda: _open_local(local))
     else:
-        handle = tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".log", delete=False)  # noqa: SIM115
-        temp_name = handle.name
-        previous = store.read_text(target)
-        if previous:
-            handle.write(previous)
+        sink = _LazyLog(_open_temp)
     ident = threading.get_ident()
     _install()
-    _sinks[ident] = handle
+    _sinks[ident] = sink
     try:
         yield target
     finally:
         _sinks.pop(ident, None)
         _uninstall()
-        handle.close()
-        if temp_name is not None:
-            try:
-                with open(temp_name, "rb") as data:
-                    store.write_atomic(target, data.read())
-            finally:
-                os.unlink(temp_name)
+        if sink.handle is not None:
+            sink.handle.close()
+            if local is None:
+                _upload(store, target, sink.handle.name)
+
+
+def _open_local(path: str) -> IO[str]:
+    try:
+        return open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed by capture_step_log)
+    except FileNotFoundError:  # the step removed its own directory
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+
+
+def _open_temp() -> IO[str]:
+    return tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".log", delete=False)  # noqa: SIM115
+
+
+def _upload(store: Store, target: str, temp_name: str) -> None:
+    """Publish the buffered log after any earlier run's log (object stores cannot append)."""
+    try:
+        with open(temp_name, "rb") as data:
+            store.write_atomic(target, (store.read_bytes(target) or b"") + data.read())
+    finally:
+        os.unlink(temp_name)

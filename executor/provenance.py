@@ -12,11 +12,9 @@ it writes a manifest (not on a fully cached re-run whose manifest exists).
 from __future__ import annotations
 
 import getpass
-import importlib.metadata
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -83,6 +81,8 @@ def package_versions() -> dict[str, str]:
             key = project.lower().replace("_", "-")
             versions.setdefault(key, version.split("-")[0])
     if not versions:
+        import importlib.metadata  # only here: its import costs more than the listing above
+
         for dist in importlib.metadata.distributions():
             name = dist.metadata.get("Name")
             if name:
@@ -100,7 +100,7 @@ def collect_provenance(script: str | None) -> dict[str, Any]:
         "command_line": sys.argv,
         "cwd": os.getcwd(),
         "user": user,
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,  # socket.gethostname(), without importing socket
         "git": git_state(script),
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -3,16 +3,49 @@
 All scheduling state lives in `Runner` and is touched only by the thread that calls
 `Runner.run`; worker threads report back through one queue. A worker thread:
 
-1. reads the step's status -- done already (by another driver)? then it is skipped;
-2. tries to take the lease; if another live driver holds it, waits and polls;
-3. with the lease: writes `.executor_info`, marks RUNNING, calls `fn(config)` with its
-   output captured to the step's log, then marks SUCCESS -- only if the function
-   returned normally *and* the lease is still ours -- and releases the lease.
+1. takes the step's lease; if another live driver holds it, reads the status (done
+   by that driver already? then skipped) and waits and polls;
+2. with the lease: reads the status once more (another driver may have finished the
+   step between our plan and our lease), writes `.executor_info`, marks RUNNING,
+   calls `fn(config)` with its output captured to the step's log, then marks SUCCESS
+   -- only if the function returned normally *and* the lease is still ours -- and
+   releases the lease.
 
 A failing step marks its dependents DEP_FAILED; independent branches go on. If the
 heartbeat thread finds the lease taken over, the runner stops waiting on that step at
 once and reports it; the orphaned function may still finish, but it never writes
 SUCCESS.
+
+The bookkeeping one step writes, and what each write is for. This is the least a
+crash-safe, exactly-once step needs; on local disk a step that prints nothing and runs
+shorter than the heartbeat interval makes exactly these writes:
+
+- `mkdir <output>` (once, when the lease is created): the step's outputs and its
+  bookkeeping live there.
+- lease created, `.executor_status.lock` (`O_CREAT|O_EXCL` and one write, under the
+  directory's flock): exactly-once. Another driver sees the step is taken and waits;
+  if this driver dies, the heartbeat stops and the lease goes stale, so it is taken over.
+- `.executor_info` (temporary file, then rename): what ran -- config, version,
+  dependencies, where the run came from -- for `marin ls`/`explain`/`reproduce` and
+  for the planner's "why did this hash change". Atomic so a reader never sees half a
+  JSON document.
+- RUNNING line appended to `.executor_status` (creates it; one `O_APPEND` write): the
+  step started. After a crash the next plan sees RUNNING without a live lease ("a
+  previous run did not finish") and `marin gc` sees an abandoned output.
+- (the step's own outputs; `.executor_log` only if the step printed or logged)
+- SUCCESS (or FAILED) line appended to `.executor_status` (one `O_APPEND` write): the
+  cache entry. The last line decides whether a later run skips the step; SUCCESS
+  carries the version hash and config digest the planner checks.
+- lease deleted (read-compare-unlink under the flock): other drivers need not wait
+  out the timeout.
+
+Reads: the plan reads the status and the lease (both absent on a cold run); the worker
+reads the status after taking the lease and the lease once before the final status
+(fencing: it must still hold our bytes). The lease is rewritten before the final status
+only if the step outlived the heartbeat interval (see `executor.lease`). Nothing is
+fsynced: a power cut may lose the last lines written, as it may lose the step's own
+unsynced outputs; a process crash (SIGKILL) never leaves a half-written status line,
+info or lease that a reader would take for a whole one.
 """
 
 from __future__ import annotations
@@ -39,7 +72,7 @@ from executor.lease import LeaseManager
 from executor.logs import capture_step_log
 from executor.plan import Action, Plan, PlannedStep
 from executor.store import Store
-from executor.tree import Status, append_status, log_path, read_status, step_info_record, write_info
+from executor.tree import Status, append_status, log_path, read_last_status, step_info_record, write_info
 
 logger = logging.getLogger(__name__)
 
@@ -242,23 +275,30 @@ class Runner:
     def _acquire_and_run(self, row: PlannedStep) -> tuple[Outcome, str]:
         path = row.output_path
         announced: str | None = None
+        # The plan read the status of a step it runs: try the lease first, and read the
+        # status again once the lease is ours (or when someone else holds it).
+        check_first = row.action == Action.WAIT
         while not self._stop.is_set():
-            events = read_status(self.store, path)
-            status = events[-1].status if events else None
-            if status == Status.SUCCESS:
-                reason = "finished by another driver" if announced else "already succeeded"
-                self.emit(StepSkipped(row.name, path, reason=reason))
-                return Outcome.SKIPPED, reason
-            if announced and status == Status.FAILED:
-                error = f"failed in another driver ({announced}): {events[-1].message}"
-                self.emit(
-                    StepFailed(row.name, path, kind="failed_elsewhere", error=error, log_path=log_path(path))
-                )
-                return Outcome.FAILED_ELSEWHERE, error
+            if check_first:
+                last = read_last_status(self.store, path)
+                status = last.status if last is not None else None
+                if status == Status.SUCCESS:
+                    reason = "finished by another driver" if announced else "already succeeded"
+                    self.emit(StepSkipped(row.name, path, reason=reason))
+                    return Outcome.SKIPPED, reason
+                if announced and status == Status.FAILED:
+                    error = f"failed in another driver ({announced}): {last.message}"
+                    self.emit(
+                        StepFailed(
+                            row.name, path, kind="failed_elsewhere", error=error, log_path=log_path(path)
+                        )
+                    )
+                    return Outcome.FAILED_ELSEWHERE, error
+            check_first = True
             attempt = self.leases.try_acquire(path)
             if attempt.acquired:
-                events = read_status(self.store, path)
-                if events and events[-1].status == Status.SUCCESS:
+                last = read_last_status(self.store, path)
+                if last is not None and last.status == Status.SUCCESS:
                     self.leases.release(path)
                     self.emit(StepSkipped(row.name, path, reason="finished by another driver"))
                     return Outcome.SKIPPED, "finished by another driver"
@@ -284,7 +324,7 @@ class Runner:
                 error = caught
                 traceback.print_exc()
         duration = time.time() - start
-        if self.leases.was_lost(path) or not self.leases.refresh(path):
+        if self.leases.was_lost(path) or not self.leases.confirm(path):
             message = "lease lost to another driver while the step ran; not marking it successful"
             self.emit(StepFailed(row.name, path, kind=Outcome.LOST.value, error=message, log_path=log))
             return Outcome.LOST, message

@@ -10,12 +10,23 @@ The interface is deliberately small:
 - `read_bytes` / `read_text` return None for a missing file (no exists-then-read race);
 - `write_atomic` never leaves a half-written file under the final name (temporary
   name then rename on local disk; object stores publish an object whole);
+- `append_line` adds one line to a file that only one writer changes at a time (the
+  lease holder's status history). On local disk it is one `write()` to a file opened
+  with `O_APPEND`: no temporary file, no rename, and a reader sees the old file or the
+  old file plus the whole line. Object stores have no append: there it reads the file
+  and writes it back whole with `write_atomic`;
 - `compare_and_swap` replaces a file only if it still holds what the caller last saw.
   Leases are built on it. It is atomic on local disk (an flock on the directory
-  serialises the read-compare-write between processes and threads) and in memory
+  serialises the read-compare-write between processes and threads; creating an absent
+  file is one `O_CREAT|O_EXCL` open and one `write()` under that lock) and in memory
   (a process lock). On object stores it is a read-compare-write with a small race
   window: conditional writes (S3 `If-None-Match`, GCS generation preconditions) are
   the way to close it and belong here when a backend needs them.
+
+Local disk uses `os` calls only and never imports fsspec (its import costs more than a
+fully cached re-run of a 1,000-step experiment); `LocalStore.fs` loads fsspec's local
+filesystem the first time a caller asks for it. Other protocols import fsspec (and
+their backend, s3fs or gcsfs) when their store is opened.
 """
 
 from __future__ import annotations
@@ -23,11 +34,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
+import stat
 import threading
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-import fsspec
+if TYPE_CHECKING:
+    import fsspec
 
 
 class StoreError(OSError):
@@ -114,6 +130,18 @@ class Store:
         with self.fs.open(self.fs_path(path), "wb") as handle:
             handle.write(_to_bytes(data))
 
+    def append_line(self, path: str, line: bytes | str) -> None:
+        """Add `line` and a newline at the end of `path` (created if absent).
+
+        One writer at a time (callers hold the step's lease). Object stores have no
+        append, so the file is read and published again whole.
+        """
+        with self._locked(path):
+            previous = self.read_bytes(path) or b""
+            if previous and not previous.endswith(b"\n"):
+                previous += b"\n"  # a file from elsewhere (Marin's one-word format) without one
+            self.write_atomic(path, previous + _to_bytes(line) + b"\n")
+
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.fs_path(path))
@@ -161,11 +189,36 @@ class Store:
         return None
 
 
-class LocalStore(Store):
-    """Local disk: atomic rename for writes, flock for compare-and-swap."""
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
-    def __init__(self):
-        super().__init__(fsspec.filesystem("file"), "file")
+
+def _open_making_parents(path: str, flags: int) -> int:
+    """`os.open(path, flags)`, creating the parent directories on the first miss only."""
+    try:
+        return os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, 0o666)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class LocalStore(Store):
+    """Local disk through `os` calls: atomic rename for writes, flock for compare-and-swap."""
+
+    def __init__(self):  # no Store.__init__: `fs` is loaded on first use
+        self.protocol = "file"
+
+    @cached_property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """fsspec's local filesystem, for callers that stream through fsspec (imported on first use)."""
+        import fsspec
+
+        return fsspec.filesystem("file")
 
     def fs_path(self, path: str) -> str:
         return path[len("file://") :] if path.startswith("file://") else path
@@ -193,34 +246,112 @@ class LocalStore(Store):
     def exists(self, path: str) -> bool:
         return os.path.exists(self.fs_path(path))
 
+    def list_dir(self, path: str) -> list[FileInfo]:
+        base = path.rstrip("/")
+        out = []
+        try:
+            with os.scandir(self.fs_path(path)) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat()  # follows symbolic links, as fsspec's listing does
+                    except OSError:
+                        info = entry.stat(follow_symlinks=False)  # a dangling link
+                    out.append(
+                        FileInfo(
+                            path=f"{base}/{entry.name}",
+                            name=entry.name,
+                            is_dir=stat.S_ISDIR(info.st_mode),
+                            size=info.st_size,
+                            mtime=info.st_mtime,
+                        )
+                    )
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(out, key=lambda info: info.name)
+
     def makedirs(self, path: str) -> None:
         os.makedirs(self.fs_path(path), exist_ok=True)
 
     def write_atomic(self, path: str, data: bytes | str) -> None:
         target = self.fs_path(path)
-        directory = os.path.dirname(target)
-        os.makedirs(directory, exist_ok=True)
-        temp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(target)}")
+        directory, name = os.path.split(target)
+        temp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
+        fd = _open_making_parents(temp, _CREATE)
         try:
-            with open(temp, "wb") as handle:
-                handle.write(_to_bytes(data))
+            try:
+                _write_all(fd, _to_bytes(data))
+            finally:
+                os.close(fd)
             os.replace(temp, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
 
+    def append_line(self, path: str, line: bytes | str) -> None:
+        # One write() to an O_APPEND file: the line lands whole after the current end. A
+        # short write (disk full) is cut off again, so no half line is left behind.
+        data = _to_bytes(line) + b"\n"
+        fd = _open_making_parents(self.fs_path(path), os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data  # a file from elsewhere (Marin's one-word format) without one
+            try:
+                written = os.write(fd, data)
+            except OSError:
+                os.ftruncate(fd, size)
+                raise
+            if written != len(data):
+                os.ftruncate(fd, size)
+                raise OSError(f"short write appending to {path}: {written} of {len(data)} bytes")
+        finally:
+            os.close(fd)
+
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.fs_path(path))
 
+    def delete_tree(self, path: str) -> None:
+        target = self.fs_path(path)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target)
+            else:
+                os.unlink(target)
+
+    def compare_and_swap(self, path: str, expected: bytes | str | None, new: bytes | str | None) -> bool:
+        if expected is not None or new is None:
+            return super().compare_and_swap(path, expected, new)
+        # Create if absent: O_EXCL says whether it was, and under the directory lock no
+        # other swapper can read the file between its creation and its one write.
+        target = self.fs_path(path)
+        with self._locked(path):
+            try:
+                fd = os.open(target, _CREATE, 0o666)
+            except FileExistsError:
+                return False
+            try:
+                try:
+                    _write_all(fd, _to_bytes(new))
+                finally:
+                    os.close(fd)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(target)
+                raise
+            return True
+
     @contextlib.contextmanager
     def _locked(self, path: str):
-        directory = os.path.dirname(self.fs_path(path))
-        os.makedirs(directory, exist_ok=True)
         # flock on the directory: one lock per output directory, no extra files, and
         # released by the kernel if the process dies while holding it.
-        fd = os.open(directory, os.O_RDONLY)
+        directory = os.path.dirname(self.fs_path(path))
+        try:
+            fd = os.open(directory, os.O_RDONLY)
+        except FileNotFoundError:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(directory, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -234,6 +365,8 @@ class MemoryStore(Store):
     _lock = threading.RLock()
 
     def __init__(self):
+        import fsspec
+
         super().__init__(fsspec.filesystem("memory"), "memory")
 
     def _locked(self, path: str):
@@ -260,6 +393,8 @@ def open_store(prefix: str) -> Store:
     protocol = prefix.split("://", 1)[0]
     if protocol == "memory":
         return MemoryStore()
+    import fsspec
+
     try:
         fs, _ = fsspec.core.url_to_fs(prefix)
     except (ImportError, ValueError) as error:

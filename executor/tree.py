@@ -10,8 +10,9 @@ Per step, next to the step's own outputs (names compatible with Marin's):
 
 Per experiment run: `<experiments dir>/<script>-<hash>.json` (see `executor.provenance`).
 
-The status file is rewritten whole (atomically) on every change and only by the
-lease holder, so readers see either the old or the new history, never half a line.
+Only the lease holder changes the status file, one whole line per change
+(`Store.append_line`: a single `O_APPEND` write on local disk, a whole-file rewrite on
+object stores), so readers see the old history or the old history plus one whole line.
 """
 
 from __future__ import annotations
@@ -271,11 +272,13 @@ def append_status(
     worker: str | None = None,
     **extra: Any,
 ) -> StatusEvent:
-    """Add an event to the step's status history (callers hold the lease)."""
-    events = read_status(store, output_path)
+    """Add an event to the step's status history (callers hold the lease).
+
+    One line appended (JSON escapes newlines, so an event is always one line); the
+    history before it is neither read nor rewritten.
+    """
     event = StatusEvent(date=utc_now_iso(), status=status, message=message, worker=worker, extra=extra)
-    events.append(event)
-    store.write_atomic(status_path(output_path), "".join(e.to_json() + "\n" for e in events))
+    store.append_line(status_path(output_path), event.to_json())
     return event
 
 
