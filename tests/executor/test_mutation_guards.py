@@ -10,6 +10,7 @@ what must happen.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -31,7 +32,9 @@ from executor import (
     this_output_path,
     versioned,
 )
-from executor.events import StepStarted, StepSucceeded
+from executor.console import ConsoleProgress
+from executor.diffing import FieldChange, diff_flat, diff_versions, flatten
+from executor.events import RunFinished, StepFailed, StepSkipped, StepStarted, StepSucceeded, StepWaiting
 from executor.fingerprint import sha256_hex
 from executor.tree import Status, read_status
 from tests.executor.steps_for_tests import CALLS, WriteConfig, fail, write_value
@@ -225,3 +228,112 @@ def test_max_concurrent_from_the_command_line_bounds_the_steps_running_at_once(c
     steps = [write_step(f"p{i}", i, fn=probe) for i in range(3)]
     assert cli(steps, "--max_concurrent", str(limit)) == 0
     assert probe.most == limit  # 1: strictly one after another; 2: they did overlap
+
+
+# -- what people read: hash-change explanations and console lines, pinned exactly ------------
+
+
+def test_flatten_names_every_leaf_by_its_dotted_path():
+    value = {"model": {"hidden": 64, "layers": [1, {"k": "v"}]}, "empty": {}, "none": [], "lr": 0.1}
+    assert flatten(value) == {
+        "model.hidden": 64,
+        "model.layers[0]": 1,
+        "model.layers[1].k": "v",
+        "empty": {},
+        "none": [],
+        "lr": 0.1,
+    }
+    assert flatten([1, [2]]) == {"[0]": 1, "[1][0]": 2}
+    assert flatten(5) == {"": 5}
+
+
+def test_diff_flat_lists_changed_added_and_removed_fields_in_order():
+    old = {"a": 1, "b": 2, "gone": "x", "same": [1], "kind": 1}
+    new = {"a": 1, "b": 3, "new": None, "same": [1], "kind": 1.0}
+    assert [(c.field, c.old, c.new) for c in diff_flat(old, new)] == [
+        ("b", 2, 3),
+        ("gone", "x", diff_flat({"x": 1}, {})[0].new),
+        ("kind", 1, 1.0),  # equal but of another type: a different version
+        ("new", diff_flat({}, {"x": 1})[0].old, None),
+    ]
+    assert [c.describe() for c in diff_flat(old, new)] == [
+        "b: 2 -> 3",
+        "gone: removed (was 'x')",
+        "kind: 1 -> 1.0",
+        "new: added (None)",
+    ]
+    assert diff_flat({"a": None}, {}) != []  # None is a value, not "missing"
+
+
+def test_long_values_are_cut_to_sixty_characters():
+    assert FieldChange("f", "x" * 58, "y" * 59).describe() == f"f: '{'x' * 58}' -> '{'y' * 56}..."
+    assert len(FieldChange("f", 0, "z" * 100).describe().split(" -> ")[1]) == 60
+
+
+def test_diff_versions_explains_fields_dependencies_and_names():
+    old = {
+        "name": "a",
+        "config": {"lr": 0.1, "gone": 1},
+        "dependencies": ["1111111111aaaa", "2222222222bbbb", "3333333333cccc"],
+    }
+    new = {
+        "name": "b",
+        "config": {"lr": 0.2, "added": [1]},
+        "dependencies": ["1111111111aaaa", "4444444444dddd", "3333333333cccc", "5555555555eeee"],
+    }
+    assert diff_versions(old, new, ["up/a", "up/b", "up/c", "up/d"]) == [
+        "added[0]: added (1)",
+        "gone: removed (was 1)",
+        "lr: 0.1 -> 0.2",
+        "DEP[1] (up/b): upstream version 22222222 -> 44444444",
+        "DEP[3] (up/d): new dependency",
+        "name: 'a' -> 'b'",
+    ]
+    assert diff_versions(new, old, ["x"]) == [
+        "added[0]: removed (was 1)",
+        "gone: added (1)",
+        "lr: 0.2 -> 0.1",
+        "DEP[1]: upstream version 44444444 -> 22222222",
+        "DEP[3]: dependency removed",
+        "name: 'b' -> 'a'",
+    ]
+    assert diff_versions({"config": {"y": 0}}, {"config": {"x": 1, "y": 0}, "dependencies": ["abc"]}) == [
+        "x: added (1)",
+        "DEP[0]: new dependency",
+    ]
+    assert diff_versions({"config": {"x": 1, "y": 0}, "dependencies": ["abc"]}, {"config": {"y": 0}}) == [
+        "x: removed (was 1)",
+        "DEP[0]: dependency removed",
+    ]
+    assert diff_versions(old, old) == []
+
+
+def test_console_lines_count_done_running_and_left():
+    stream = io.StringIO()
+    console = ConsoleProgress(total=4, stream=stream)
+    console(StepStarted("a", "/p/a", log_path="/p/a/.executor_log"))
+    console(StepStarted("b", "/p/b", log_path="/p/b/.executor_log"))
+    console(StepSucceeded("a", "/p/a", duration=1.25))
+    console(StepWaiting("c", "/p/c", holder="host:1:abc", since=1700000000.5))
+    console(StepFailed("b", "/p/b", kind="error", error="boom", log_path="/p/b/.executor_log"))
+    console(StepSkipped("c", "/p/c", reason="finished by another driver"))
+    console(StepFailed("d", "/p/d", kind="dep_failed", error="dependency b failed"))
+    console(RunFinished(succeeded=1, skipped=1, failed=2, duration=3.0))
+    assert stream.getvalue().splitlines() == [
+        "[0/4 done, 1 running, 3 left] start  a  (log: /p/a/.executor_log)",
+        "[0/4 done, 2 running, 2 left] start  b  (log: /p/b/.executor_log)",
+        "[1/4 done, 1 running, 2 left] ok     a  1.2s",
+        "[1/4 done, 1 running, 2 left] wait   c  held by host:1:abc since 2023-11-14T22:13:20.500Z",
+        "[2/4 done, 0 running, 2 left] FAIL   b  [error] boom  (log: /p/b/.executor_log)",
+        "[3/4 done, 0 running, 1 left] skip   c  (finished by another driver)",
+        "[4/4 done, 0 running, 0 left] FAIL   d  [dep_failed] dependency b failed",
+        "[4/4 done, 0 running, 0 left] finished in 3.0s: 1 ran, 1 cached, 2 failed",
+    ]
+
+
+def test_console_writes_to_stdout_by_default(capfd):
+    ConsoleProgress(total=1)(RunFinished(succeeded=0, skipped=1, failed=0, duration=0.0))
+    assert (
+        capfd.readouterr().out
+        == "[0/1 done, 0 running, 1 left] finished in 0.0s: 0 ran, 1 cached, 0 failed\n"
+    )
