@@ -24,6 +24,7 @@ import pytest
 import executor.graph
 from executor import (
     Executor,
+    ExecutorRunError,
     ExecutorStep,
     InputName,
     StepDefinitionError,
@@ -35,7 +36,8 @@ from executor import (
 from executor.console import ConsoleProgress
 from executor.diffing import FieldChange, diff_flat, diff_versions, flatten
 from executor.events import RunFinished, StepFailed, StepSkipped, StepStarted, StepSucceeded, StepWaiting
-from executor.fingerprint import sha256_hex
+from executor.fingerprint import UnencodableValueError, encode, sha256_hex
+from executor.plan import Plan
 from executor.tree import Status, read_status
 from tests.executor.steps_for_tests import CALLS, WriteConfig, fail, write_value
 
@@ -336,4 +338,162 @@ def test_console_writes_to_stdout_by_default(capfd):
     assert (
         capfd.readouterr().out
         == "[0/1 done, 0 running, 1 left] finished in 0.0s: 0 ran, 1 cached, 0 failed\n"
+    )
+
+
+# -- messages and small values people rely on --------------------------------------------------
+
+
+def test_a_step_nonblocking_reference_alone_neither_runs_nor_waits_for_the_upstream(tmp_path):
+    up = write_step("up", 1)
+    down = ExecutorStep("down", read_nothing, TwoRefsConfig(this_output_path(), up.nonblocking(), None))
+    run = Executor(str(tmp_path), console=False)
+    run.run([down])
+    assert CALLS == {}
+    up_path = run.output_paths[up]
+    assert run.configs[down].first == up_path
+    assert [row.name for row in run.plan.rows] == ["down"]
+    assert up.nonblocking() == InputName(up, None, block_on_step=False)
+    assert output_path_of(up, "x").nonblocking().block_on_step is False
+
+
+def read_nothing(config: TwoRefsConfig) -> None:
+    os.makedirs(config.output_path, exist_ok=True)
+
+
+def test_input_names_print_their_owner_sub_path_and_blocking():
+    up = write_step("up")
+    assert repr(up) == "ExecutorStep(name='up')"
+    assert repr(up / "a") == "InputName('up', 'a')"
+    assert repr(up.nonblocking()) == "InputName('up', None, nonblocking)"
+    assert repr(InputName.hardcoded("raw/x")) == "InputName('<hardcoded>', 'raw/x')"
+
+
+def test_sub_paths_join_with_exactly_one_slash():
+    up = write_step("up")
+    assert (up / "a/").cd("/b").name == "a/b"
+    assert up.cd("a").cd("b/").name == "a/b/"
+    assert (up / "").cd("c").name == "c"
+    assert output_path_of(up).cd("").name is None
+    assert InputName.hardcoded("/data/raw/").cd("/x").name == "/data/raw/x"
+    assert InputName.hardcoded("raw").cd("").name == "raw"
+
+
+def test_unencodable_values_name_the_field_the_value_and_its_type():
+    value = object()
+    with pytest.raises(UnencodableValueError) as refused:
+        encode(value)
+    assert refused.value.field_path == ""
+    assert refused.value.value is value
+    assert str(refused.value).startswith("field '<root>': value of type builtins.object has no deterministic")
+    with pytest.raises(UnencodableValueError) as nested:
+        encode({"a": [1, float("nan")]})
+    assert nested.value.field_path == "a[1]"
+    assert str(nested.value) == "field 'a[1]': nan has no canonical encoding; use a finite number"
+
+
+def test_two_different_steps_on_one_path_are_refused_with_every_difference(tmp_path):
+    def other_fn(config):
+        pass
+
+    first = ExecutorStep("s", write_value, WriteConfig(this_output_path(), versioned(1), key="a"))
+    second = ExecutorStep(
+        "s", other_fn, WriteConfig(this_output_path(), versioned(2), key="b"), override_output_path="s-fixed"
+    )
+    first = first.with_output_path("s-fixed")
+    with pytest.raises(StepDefinitionError) as refused:
+        Executor(str(tmp_path), console=False).run([first, second])
+    assert str(refused.value) == (
+        f"steps 's' and 's' both resolve to the output path {tmp_path}/s-fixed but have different versions; "
+        f"different functions (tests.executor.steps_for_tests:write_value vs {__name__}:"
+        "test_two_different_steps_on_one_path_are_refused_with_every_difference.<locals>.other_fn); "
+        "different unversioned config fields: key, value. Give one a different name, version the field "
+        "that tells them apart, or remove the override_output_path"
+    )
+
+
+def test_the_collision_refusal_says_which_versions_and_fields_differ(tmp_path, colliding_hashes):
+    first = Executor(str(tmp_path), console=False)
+    first.run([write_step("s", 1)])
+    old = first.graph.steps[0]
+    second = Executor(str(tmp_path), console=False)
+    with pytest.raises(StepDefinitionError) as refused:
+        second.run([write_step("s", 2)])
+    new_hash = resolve_one(write_step("s", 2), str(tmp_path)).version_hash
+    assert str(refused.value) == (
+        f"step 's': {old.output_path} holds a different version of this step "
+        f"({old.version_hash[:12]} vs {new_hash[:12]}; value: 1 -> 2). This is a hash collision; "
+        "rename the step or delete that output"
+    )
+
+
+def resolve_one(step: ExecutorStep, prefix: str):
+    return executor.graph.resolve([step], prefix).resolved(step)
+
+
+def test_an_override_path_holding_another_version_is_reused_with_the_differences_listed(tmp_path):
+    Executor(str(tmp_path), console=False).run([write_step("s", 1).with_output_path("fixed")])
+    again = Executor(str(tmp_path), console=False)
+    again.run([write_step("s", 2).with_output_path("fixed")])
+    (row,) = again.plan.rows
+    assert row.action.value == "skip"
+    assert row.reason == "already succeeded (override_output_path: stored output has another version)"
+    assert row.status == Status.SUCCESS
+    assert row.unversioned_changes == ("value: 1 -> 2",)
+    assert CALLS == {"s": 1}
+
+
+def test_the_plan_table_shows_actions_paths_reasons_and_warnings(tmp_path):
+    Executor(str(tmp_path), console=False).run([write_step("a", 1)])
+    a_old = ExecutorStep("a", write_value, WriteConfig(this_output_path(), versioned(1), key="a"))
+    seen = Executor(str(tmp_path), console=False)
+    seen.run([a_old])
+    assert seen.plan.format() == (
+        f"Plan: 1 steps (1 skip)\n  skip    a  already succeeded\n{' ' * 13}-> {seen.output_paths[a_old]}"
+    )
+    # An unversioned change on a reused step, and a new version of a step seen before.
+    changed = ExecutorStep("a", write_value, WriteConfig(this_output_path(), versioned(1), key="other"))
+    older = write_step("longer-name", 5)
+    older_path = Executor(str(tmp_path), console=False).run([older]).rows[0].output_path
+    plan = Executor(str(tmp_path), console=False).run([changed, write_step("longer-name", 6)], dry_run=True)
+    paths = {row.name: row.output_path for row in plan.rows}
+    assert plan.counts() == {"skip": 1, "run": 1}
+    pad = " " * 23  # under the action (7) and the longest name (11)
+    assert plan.format().splitlines() == [
+        "Plan: 2 steps (1 skip, 1 run)",
+        "  skip    a            already succeeded",
+        f"{pad}-> {paths['a']}",
+        f"{pad}WARNING: reusing an output made with other unversioned settings:",
+        f"{pad}  key: 'a' -> 'other'",
+        "  run     longer-name  no output yet",
+        f"{pad}-> {paths['longer-name']}",
+        f"{pad}hash differs from {older_path}:",
+        f"{pad}  value: 5 -> 6",
+    ]
+
+
+def test_an_empty_plan_says_so(tmp_path):
+    assert Plan(rows=(), graph=None).format() == "Plan: nothing selected."
+    assert Plan(rows=(), graph=None).counts() == {}
+
+
+def test_dependents_of_a_failed_step_are_marked_dep_failed_with_its_name(tmp_path):
+    up = write_step("up", fn=fail)
+    down = ExecutorStep("down", write_value, WriteConfig(this_output_path(), versioned(2), [up], "down"))
+    run = Executor(str(tmp_path), console=False)
+    with pytest.raises(ExecutorRunError) as failed:
+        run.run([down])
+    (event,) = [e for e in run.events if isinstance(e, StepFailed) and e.name == "down"]
+    assert (event.output_path, event.kind, event.error) == (
+        run.output_paths[down],
+        "dep_failed",
+        "dependency up failed",
+    )
+    (status,) = read_status(run.store, run.output_paths[down])
+    assert (status.status, status.message) == (Status.DEP_FAILED, "dependency up failed")
+    assert status.worker is not None and status.worker.count(":") == 2
+    assert run.store.read_bytes(f"{run.output_paths[down]}/.executor_status.lock") is None
+    up_path = run.output_paths[up]
+    assert str(failed.value) == (
+        f"1 step(s) did not succeed:\n  - up [failed] RuntimeError: boom in up\n      log: {up_path}/.executor_log"
     )
