@@ -122,3 +122,20 @@ def test_help_lists_every_flag_with_its_docstring(tmp_path):
         assert f"--{field.name}" in result.stdout
     assert "noqa" not in result.stdout  # draccus shows a comment after a field as its help
     assert "MARIN_LEASE_TIMEOUT" in result.stdout
+
+
+def test_importing_executor_main_does_not_import_draccus():
+    # executor_main imports draccus when it parses flags: a script's imports stay cheap.
+    code = (
+        "import sys\n"
+        "from executor import executor_main, ExecutorMainConfig\n"
+        "print(sorted(m for m in ('draccus', 'yaml') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == "[]"
