@@ -5,41 +5,42 @@ The output directory is laid out the way Levanter's LM data config expects a
 
     <output_path>/train/                      Levanter cache (shard_ledger.json + token arrays)
     <output_path>/validation/                 Levanter cache
-    <output_path>/documents/train/*.jsonl.gz  the documents of each split (provenance, rebuilds)
-    <output_path>/documents/validation/*.jsonl.gz
+    <output_path>/.split_counts/<shard>.json  per input shard: documents and characters per split
     <output_path>/stats.json                  documents, tokens and characters per split
 
-Two phases:
+The split is decided on the fly: a document is in validation iff
+`in_validation(id, validation_fraction, seed)` -- a hash of its id, so the split does not
+depend on shard boundaries, order or machine. `SplitSource` is a Levanter sharded data
+source over the *input* shards that yields the documents of one split (empty texts are
+counted and skipped), so no split copy of the corpus is ever written: each cache build
+streams the input shards once and keeps its split's documents.
 
-1. Split (`split_documents`): `map_shards` streams every input shard once and writes
-   each document to the train or the validation shard of the same index. A document is
-   in validation iff `in_validation(id, validation_fraction, seed)` -- a hash of its id,
-   so the split does not depend on shard boundaries, order or machine. If no document
-   hashes into validation (tiny corpora), the one with the smallest hash is moved there,
-   so validation always has at least one document. Resumable and byte-identical per shard.
-2. Cache (`build_caches`): Levanter's cache builder tokenizes each split with Levanter's
-   `BatchTokenizer` (which prepends bos and appends eos to every document when the
-   tokenizer defines them) into Levanter's cache format, resuming per shard. Two ways to
-   run it, with byte-identical results (tested):
+Levanter's cache builder then tokenizes each split with Levanter's `BatchTokenizer` (which
+prepends bos and appends eos to every document when the tokenizer defines them) into
+Levanter's cache format, resuming per shard. Validation is built first: while streaming
+every document, its source records each input shard's counts in `.split_counts/`. If no
+document hashes into validation (tiny corpora), the train document with the smallest
+hash is moved there (the validation cache is rebuilt with it, before the train cache is
+built without it), so validation always has at least one document. Two ways to run the
+builder, with byte-identical results (tested):
 
-   - `builder="ray"`: `build_or_load_cache`, driven by the same `UrlSingleDatasetLMConfig`
-     that `lm_data_config` gives the training step. It joins the Ray cluster this process
-     is connected to, or starts a local one. Shard groups run as Ray tasks, so it scales
-     out on a cluster -- but every cache costs three fresh Ray worker processes (builder
-     actor, writer task, tokenize task), each importing Levanter and JAX: ~10 s per split
-     on a 2-core machine, plus ~6 s to start Ray.
-   - `builder="in_process"`: the same per-shard-group loop Levanter's Ray task runs
-     (`levanter.store.cache._tokenize_one_shard_group`), called in this process for one
-     group of all shards. No Ray, no worker start-up; the HF tokenizer still uses every
-     core. On one machine that is what the Ray builder does anyway, minus the fixed costs.
-     Its processor is `fast_batch_tokenizer`: Levanter's `BatchTokenizer` (same texts,
-     same metadata) encoding through the `tokenizers` backend's `encode_batch_fast`, which
-     skips the character offsets transformers asks for and never uses -- about half the
-     encoding time. The ids, and so the caches, are Levanter's own (tested).
-   - `builder="auto"` (default): "ray" when this process is already connected to Ray (a
-     cluster, or a step running inside a Ray task), else "in_process".
+- `builder="ray"`: Levanter's `build_or_load_cache` with Levanter's own processor. It
+  joins the Ray cluster this process is connected to, or starts a local one. Shard groups
+  run as Ray tasks, so it scales out on a cluster -- but every cache costs three fresh Ray
+  worker processes (builder actor, writer task, tokenize task), each importing Levanter
+  and JAX: ~10 s per split on a 2-core machine, plus ~6 s to start Ray.
+- `builder="in_process"`: the same per-shard-group loop Levanter's Ray task runs
+  (`levanter.store.cache._tokenize_one_shard_group`), called in this process for one
+  group of all shards. No Ray, no worker start-up; the `tokenizers` backend still encodes
+  each batch on every core (its Rust thread pool). Its processor is
+  `fast_batch_tokenizer`: Levanter's `BatchTokenizer` (same texts, same metadata) encoding
+  through the backend's `encode_batch_fast`, which skips the character offsets
+  transformers asks for and never uses -- about half the encoding time. The ids, and so
+  the caches, are Levanter's own (tested).
+- `builder="auto"` (default): "ray" when this process is already connected to Ray (a
+  cluster, or a step running inside a Ray task), else "in_process".
 
-   A finished cache is never rebuilt (and is loaded without Ray).
+A finished cache is never rebuilt (and is loaded without Ray).
 
 Levanter and JAX are imported inside the functions, so importing `operations` (or a dry
 run of an experiment) stays light.
@@ -59,20 +60,18 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import fsspec
+import orjson
+
 from operations.shards import (
-    SHARD_STATS_DIR,
-    document_text,
-    document_writer,
     is_local,
     join,
     list_shards,
-    map_shards,
-    read_documents,
     read_json,
-    shard_name,
     write_json_atomic,
     write_stats,
 )
@@ -84,7 +83,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
-DOCUMENTS_DIR = "documents"
+COUNTS_DIR = ".split_counts"
 BUILDERS = ("auto", "ray", "in_process")
 LEDGER_FILE = "shard_ledger.json"
 # Levanter copies each extra shard group into the final cache with a Ray task that asks for
@@ -104,7 +103,7 @@ class TokenizeConfig:
     Training must use the same tokenizer."""
 
     output_path: str
-    """Directory for the train/ and validation/ caches, the split documents and stats.json."""
+    """Directory for the train/ and validation/ caches, the split counts and stats.json."""
 
     validation_fraction: float = 0.05
     """Fraction of documents (chosen by a hash of their id) that go to validation; at least one does."""
@@ -126,18 +125,18 @@ class TokenizeConfig:
     concatenation task needs 4 free CPUs), else Levanter's default (128)."""
 
     workers: int | None = None
-    """Processes for the split phase (default: one per core)."""
+    """Unused: the split is made while tokenizing, so there is no separate pass to run in
+    worker processes (the tokenizers backend encodes on every core). Kept so existing
+    configs and experiment scripts still construct."""
 
 
 def tokenize(config: TokenizeConfig) -> None:
-    """Split the documents, build both Levanter caches, write stats.json."""
+    """Build both Levanter caches (validation first), then write stats.json."""
     _check(config)
     started = time.perf_counter()
-    per_shard = split_documents(config)
-    split_s = time.perf_counter() - started
     build_caches(config)
-    logger.info("tokenize: split %.1f s, caches %.1f s", split_s, time.perf_counter() - started - split_s)
-    write_tokenize_stats(config, per_shard)
+    logger.info("tokenize: caches %.1f s", time.perf_counter() - started)
+    write_tokenize_stats(config)
 
 
 def _check(config: TokenizeConfig) -> None:
@@ -155,79 +154,160 @@ def _check(config: TokenizeConfig) -> None:
 # ---------------------------------------------------------------------------- split
 
 
-def split_shard(
-    input_shard: str,
-    output_shard: str,
-    *,
-    fraction: float,
-    seed: int,
-    text_field: str,
-    force_validation_id: str | None = None,
-) -> dict[str, Any]:
-    """Write the documents of `input_shard` to `output_shard` (train) or its validation twin.
+@dataclass(frozen=True)
+class SplitSource:
+    """The documents of one split of the input shards, as a Levanter sharded data source.
 
-    `output_shard` is `<dir>/documents/train/<name>`; validation goes to
-    `<dir>/documents/validation/<name>`. Empty texts are counted and skipped.
+    Levanter's cache builder needs only `shard_names` and `open_shard_at_row`; a shard is
+    named by its input file's name (unique within the input directory). Each row is
+    `{"id": id, text_field: text}`. Streaming a shard to its end with `counts_dir` set writes
+    `<counts_dir>/<shard>.json`: that shard's documents and characters per split, its empty
+    texts and its train document with the smallest split hash (`split_counts` reads them).
+    Plain and picklable, so Ray tasks can read it too.
     """
-    base, _train, name = output_shard.rsplit("/", 2)
-    validation_shard = join(base, "validation", name)
-    counts: dict[str, Any] = {split: {"documents": 0, "chars": 0} for split in SPLITS}
-    counts["skipped_empty"] = 0
-    first_train: tuple[float, str] | None = None
-    with document_writer(validation_shard) as write_validation, document_writer(output_shard) as write_train:
-        for index, document in enumerate(read_documents(input_shard)):
-            text = document_text(document, text_field, input_shard, index)
+
+    shards: tuple[str, ...]
+    split: str
+    fraction: float
+    seed: int
+    text_field: str = "text"
+    force_validation_id: str | None = None
+    counts_dir: str | None = None
+
+    @property
+    def shard_names(self) -> Sequence[str]:
+        return [shard.rstrip("/").rsplit("/", 1)[-1] for shard in self.shards]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def open_shard(self, shard_name: str) -> Iterator[dict[str, str]]:
+        return self.open_shard_at_row(shard_name, 0)
+
+    def open_shard_at_row(self, shard_name: str, row: int) -> Iterator[dict[str, str]]:
+        """The rows of this split in `shard_name` from the `row`-th on (counting this split's rows)."""
+        index = self.shard_names.index(shard_name)
+        counts: dict[str, Any] = {split: {"documents": 0, "chars": 0} for split in SPLITS}
+        counts["skipped_empty"] = 0
+        first_train: tuple[float, str, int] | None = None
+        mine = 0
+        for document_id, text in _read_texts(self.shards[index], self.text_field):
             if not text.strip():
                 # Would become a bos/eos pair with nothing between: noise for training.
                 counts["skipped_empty"] += 1
                 continue
-            document_id = str(document["id"])
-            if document_id == force_validation_id or in_validation(document_id, fraction, seed):
-                write_validation(document)
+            if document_id == self.force_validation_id or in_validation(
+                document_id, self.fraction, self.seed
+            ):
                 split = "validation"
             else:
-                write_train(document)
                 split = "train"
-                key = (split_key(document_id, seed), document_id)
+                key = (split_key(document_id, self.seed), document_id, len(text))
                 if first_train is None or key < first_train:
                     first_train = key
             counts[split]["documents"] += 1
             counts[split]["chars"] += len(text)
-    counts["first_train"] = None if first_train is None else {"bucket": first_train[0], "id": first_train[1]}
-    return counts
+            if split == self.split:
+                if mine >= row:
+                    yield {"id": document_id, self.text_field: text}
+                mine += 1
+        if self.counts_dir is not None and self.force_validation_id is None:
+            counts["first_train"] = (
+                None
+                if first_train is None
+                else {"bucket": first_train[0], "id": first_train[1], "chars": first_train[2]}
+            )
+            write_json_atomic(join(self.counts_dir, shard_name + ".json"), counts)
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        for name in self.shard_names:
+            yield from self.open_shard(name)
 
 
-def split_documents(config: TokenizeConfig) -> list[dict[str, Any]]:
-    """Phase 1: write documents/{train,validation}/ shards; returns each input shard's counters."""
-    inputs = list_shards(config.input_path)
-    train_dir = _documents_dir(config.output_path, "train")
-    split = functools.partial(
-        split_shard, fraction=config.validation_fraction, seed=config.seed, text_field=config.text_field
+def _read_texts(shard: str, text_field: str) -> Iterator[tuple[str, str]]:
+    """(id, text) of every document of one shard, with errors naming the shard, line and field."""
+    compression = "gzip" if shard.endswith(".gz") else "zstd" if shard.endswith(".zst") else None
+    with fsspec.open(shard, "rb", compression=compression) as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                document = orjson.loads(line)
+            except orjson.JSONDecodeError as error:
+                raise ValueError(f"{shard}, line {number}: not a JSON document ({error})") from None
+            text = document.get(text_field) if isinstance(document, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"{shard}: document {document.get('id', f'#{number}')!r} has no string field "
+                    f"{text_field!r} (got {type(text).__name__}); set text_field to the field holding the text"
+                )
+            if "id" not in document:
+                raise ValueError(f"{shard}: document #{number} has no 'id' field; every document needs one")
+            yield str(document["id"]), text
+
+
+def split_source(config: TokenizeConfig, split: str, force_validation_id: str | None = None) -> SplitSource:
+    """The source of `split`; the validation source records the split counts as it streams."""
+    return SplitSource(
+        shards=tuple(_absolute(shard) for shard in list_shards(config.input_path)),
+        split=split,
+        fraction=config.validation_fraction,
+        seed=config.seed,
+        text_field=config.text_field,
+        force_validation_id=force_validation_id,
+        counts_dir=_absolute(join(config.output_path, COUNTS_DIR)) if split == "validation" else None,
     )
-    per_shard = map_shards(split, inputs, train_dir, workers=config.workers, description="split")
-    if sum(stats["validation"]["documents"] for stats in per_shard) == 0:
-        # Too few documents for the fraction: move the train document with the smallest hash,
-        # so the choice is as deterministic as the split itself.
-        candidates = [
-            (stats["first_train"]["bucket"], stats["first_train"]["id"], index)
-            for index, stats in enumerate(per_shard)
-            if stats["first_train"] is not None
-        ]
-        if not candidates:
-            raise ValueError(f"{config.input_path}: no non-empty documents to tokenize")
-        _, document_id, index = min(candidates)
-        output_shard = join(train_dir, shard_name(index))
-        per_shard[index] = split(inputs[index], output_shard, force_validation_id=document_id)
-        write_json_atomic(join(train_dir, SHARD_STATS_DIR, shard_name(index) + ".json"), per_shard[index])
-    if sum(stats["train"]["documents"] for stats in per_shard) == 0:
-        raise ValueError(
-            f"{config.input_path}: every document went to validation; add documents or lower validation_fraction"
-        )
+
+
+def split_counts(config: TokenizeConfig) -> list[dict[str, Any]]:
+    """Each input shard's split counts: recorded while the validation cache was built, else counted now."""
+    source = split_source(config, "validation")
+    per_shard = []
+    for name in source.shard_names:
+        counts = read_json(join(source.counts_dir, name + ".json"))
+        if counts is None:
+            for _ in source.open_shard(name):  # streams the shard to its end: writes its counts
+                pass
+            counts = read_json(join(source.counts_dir, name + ".json"))
+        per_shard.append(counts)
     return per_shard
 
 
-def _documents_dir(output_path: str, split: str) -> str:
-    return join(output_path, DOCUMENTS_DIR, split)
+def forced_validation_id(per_shard: list[dict[str, Any]], input_path: str = "") -> str | None:
+    """None if some document hashes into validation, else the train document with the smallest hash."""
+    if sum(counts["validation"]["documents"] for counts in per_shard):
+        return None
+    candidates = [
+        (counts["first_train"]["bucket"], counts["first_train"]["id"])
+        for counts in per_shard
+        if counts["first_train"] is not None
+    ]
+    if not candidates:
+        raise ValueError(f"{input_path}: no non-empty documents to tokenize")
+    return min(candidates)[1]
+
+
+def _split_totals(config: TokenizeConfig, per_shard: list[dict[str, Any]]) -> dict[str, Any]:
+    """Documents and characters per split over all shards, with the forced validation document moved."""
+    totals: dict[str, Any] = {
+        split: {name: sum(counts[split][name] for counts in per_shard) for name in ("documents", "chars")}
+        for split in SPLITS
+    }
+    totals["skipped_empty"] = sum(counts["skipped_empty"] for counts in per_shard)
+    forced = forced_validation_id(per_shard, config.input_path)
+    if forced is not None:
+        chars = next(
+            c["first_train"]["chars"] for c in per_shard if (c["first_train"] or {}).get("id") == forced
+        )
+        for split, sign in (("train", -1), ("validation", 1)):
+            totals[split]["documents"] += sign
+            totals[split]["chars"] += sign * chars
+    if totals["train"]["documents"] == 0:
+        raise ValueError(
+            f"{config.input_path}: every document went to validation; add documents or lower validation_fraction"
+        )
+    return totals
 
 
 # ---------------------------------------------------------------------------- Levanter
@@ -238,35 +318,25 @@ def lm_data_config(
     tokenizer_path: str,
     *,
     text_field: str = "text",
-    include_raw_paths: bool = True,
     cache_options: Any = None,
 ) -> UrlSingleDatasetLMConfig:
     """Levanter's LM data config for the output of `tokenize`: what the training step uses.
 
     `cache_dir` is `tokenized_path`, so Levanter loads `train/` and `validation/` as they
-    are. With `include_raw_paths` the split documents are listed too (provenance, and
-    Levanter could rebuild a deleted cache from them).
+    are. It lists no document URLs: the caches are built by `tokenize` (from `SplitSource`),
+    never by Levanter from this config.
     """
     from levanter.data.text import TextLmDatasetFormat, UrlSingleDatasetLMConfig
     from levanter.store.cache import CacheOptions
 
-    tokenized_path = _absolute(tokenized_path)
-    urls = {split: _split_shards(tokenized_path, split) if include_raw_paths else [] for split in SPLITS}
     return UrlSingleDatasetLMConfig(
         tokenizer=_absolute(tokenizer_path) if _is_local_dir(tokenizer_path) else tokenizer_path,
-        cache_dir=tokenized_path,
-        train_urls=urls["train"],
-        validation_urls=urls["validation"],
+        cache_dir=_absolute(tokenized_path),
+        train_urls=[],
+        validation_urls=[],
         format=TextLmDatasetFormat(text_key=text_field),
         cache_options=cache_options if cache_options is not None else CacheOptions.default(),
     )
-
-
-def _split_shards(tokenized_path: str, split: str) -> list[str]:
-    try:
-        return list_shards(_documents_dir(tokenized_path, split))
-    except FileNotFoundError:
-        return []
 
 
 def _local_path(path: str) -> str:
@@ -283,7 +353,7 @@ def _is_local_dir(path: str) -> bool:
 
 
 def build_caches(config: TokenizeConfig) -> None:
-    """Phase 2: build (or finish) the train and validation caches with Levanter's builder."""
+    """Build (or finish) the train and validation caches with Levanter's builder."""
     pending = [split for split in SPLITS if not cache_finished(join(config.output_path, split))]
     if not pending:
         return
@@ -295,6 +365,39 @@ def build_caches(config: TokenizeConfig) -> None:
         _build_with_ray(config, pending)
     else:
         _build_in_process(config, pending)
+
+
+def _build_splits(config: TokenizeConfig, pending: list[str], build: Any) -> None:
+    """Call `build(split, source, cache_dir)` for the pending splits: validation first, then train.
+
+    Building validation streams every document and records the split counts; if none hashed
+    into validation, the validation cache is rebuilt holding the forced document, and the
+    train cache is built without it.
+    """
+    if "validation" in pending:
+        build("validation", split_source(config, "validation"), _cache_dir(config, "validation"))
+    forced = forced_validation_id(split_counts(config), config.input_path)
+    if forced is not None and _cache_rows(_cache_dir(config, "validation")) == 0:
+        logger.info("no document hashed into validation; moving %r there", forced)
+        _remove(_cache_dir(config, "validation"))
+        build("validation", split_source(config, "validation", forced), _cache_dir(config, "validation"))
+    if "train" in pending:
+        build("train", split_source(config, "train", forced), _cache_dir(config, "train"))
+
+
+def _cache_dir(config: TokenizeConfig, split: str) -> str:
+    return _absolute(join(config.output_path, split))
+
+
+def _cache_rows(cache_dir: str) -> int:
+    ledger = read_json(join(cache_dir, LEDGER_FILE))
+    return int(ledger["total_num_rows"]) if ledger else 0
+
+
+def _remove(path: str) -> None:
+    fs, root = fsspec.core.url_to_fs(path)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
 
 
 def cache_finished(cache_dir: str) -> bool:
@@ -309,10 +412,12 @@ def ray_connected() -> bool:
 
 
 def _build_with_ray(config: TokenizeConfig, pending: list[str]) -> None:
+    """Levanter's Ray cache builder (`build_lm_dataset_cache`, Levanter's own processor) per split."""
+    from levanter.data.text import build_lm_dataset_cache
     from levanter.store.cache import CacheOptions
 
     cpus = ensure_ray()
-    shards = len(_split_shards(config.output_path, "train"))
+    shards = len(list_shards(config.input_path))
     groups = config.num_shard_groups
     if groups is None:
         groups = 1 if cpus < AUTO_MANY_GROUPS_MIN_CPUS else CacheOptions.default().num_shard_groups
@@ -321,18 +426,21 @@ def _build_with_ray(config: TokenizeConfig, pending: list[str]) -> None:
             f"TokenizeConfig.num_shard_groups={groups}: the Ray cluster has {cpus:g} CPUs but Levanter's "
             f"cache copy task needs {COPY_TASK_CPUS}; use num_shard_groups=1 (or None) on this machine"
         )
-    data = lm_data_config(
-        config.output_path,
-        config.tokenizer,
-        text_field=config.text_field,
-        cache_options=CacheOptions(num_shard_groups=groups),
-    )
-    # Start every pending split before waiting on any: their start-up costs overlap.
-    caches = [data.build_or_load_cache(split, monitors=False) for split in pending]
-    for split, cache in zip(pending, caches, strict=True):
-        if cache is None:
-            raise RuntimeError(f"Levanter built no {split} cache (no {split} documents?)")
+    data = lm_data_config(config.output_path, config.tokenizer, text_field=config.text_field)
+
+    def build(split: str, source: SplitSource, cache_dir: str) -> None:
+        cache = build_lm_dataset_cache(
+            cache_dir,
+            source,
+            data.format,
+            data.the_tokenizer,
+            CacheOptions(num_shard_groups=groups),
+            data.enforce_eos,
+            monitors=False,
+        )
         cache.await_finished(await_cleanup=True)
+
+    _build_splits(config, pending, build)
 
 
 def _build_in_process(config: TokenizeConfig, pending: list[str]) -> None:
@@ -342,19 +450,20 @@ def _build_in_process(config: TokenizeConfig, pending: list[str]) -> None:
     data = lm_data_config(config.output_path, config.tokenizer, text_field=config.text_field)
     processor = fast_batch_tokenizer(data)
     options = CacheOptions(num_shard_groups=1)
-    for split in pending:
-        source = data.get_shard_source(split)
+
+    def build(split: str, source: SplitSource, cache_dir: str) -> None:
         shards = list(source.shard_names)
-        cache_dir = _absolute(join(config.output_path, split))
         _discard_foreign_partial_cache(cache_dir, shards)
         with tqdm(total=len(shards), desc=f"tokenize {split}", unit="shard") as progress:
 
-            def report(update: Any, _ledger: Any, progress: Any = progress) -> None:
+            def report(update: Any, _ledger: Any) -> None:
                 progress.update(update.new_shards)
 
             # Levanter's own shard-group loop (what its Ray task runs), for one group of all
             # shards: it reads, tokenizes, writes the cache and its ledger, resumes per shard.
             _tokenize_one_shard_group(cache_dir, source, shards, processor, options, report, False)
+
+    _build_splits(config, pending, build)
 
 
 def fast_batch_tokenizer(data: UrlSingleDatasetLMConfig) -> Any:
@@ -421,14 +530,11 @@ def _fast_batch_tokenizer_class() -> type:
 
 def _discard_foreign_partial_cache(cache_dir: str, shards: list[str]) -> None:
     """Remove an unfinished cache whose ledger tracks other shards (left by a Ray build in groups)."""
-    import fsspec
-
     ledger = read_json(join(cache_dir, LEDGER_FILE))
     if ledger is None or ledger.get("is_finished") or set(ledger.get("shard_rows", {})) == set(shards):
         return
     logger.warning("%s: unfinished cache from a different shard grouping; rebuilding it", cache_dir)
-    fs, root = fsspec.core.url_to_fs(cache_dir)
-    fs.rm(root, recursive=True)
+    _remove(cache_dir)
 
 
 _RAY_LOCK = threading.Lock()
@@ -462,28 +568,25 @@ def _cache_summary(cache_dir: str) -> dict[str, Any]:
     }
 
 
-def write_tokenize_stats(config: TokenizeConfig, per_shard: list[dict[str, Any]]) -> None:
-    """Phase 3: stats.json from the split counters and the finished caches (which must agree)."""
+def write_tokenize_stats(config: TokenizeConfig) -> None:
+    """stats.json from the split counts and the finished caches (which must agree)."""
+    totals = _split_totals(config, split_counts(config))
     stats: dict[str, Any] = {
-        "skipped_empty": sum(shard["skipped_empty"] for shard in per_shard),
+        "skipped_empty": totals["skipped_empty"],
         "validation_fraction": config.validation_fraction,
         "seed": config.seed,
     }
     preprocessor = None
     for split in SPLITS:
         cache = _cache_summary(join(config.output_path, split))
-        documents = sum(shard[split]["documents"] for shard in per_shard)
+        documents = totals[split]["documents"]
         if cache["documents"] != documents:
             raise RuntimeError(
                 f"{config.output_path}/{split}: the Levanter cache holds {cache['documents']} documents but "
-                f"the split wrote {documents}; delete {split}/ and re-run"
+                f"the split has {documents}; delete {split}/ and re-run"
             )
         preprocessor = cache["preprocessor"]
-        stats[split] = {
-            "documents": documents,
-            "tokens": cache["tokens"],
-            "chars": sum(shard[split]["chars"] for shard in per_shard),
-        }
+        stats[split] = {"documents": documents, "tokens": cache["tokens"], "chars": totals[split]["chars"]}
     stats["documents"] = sum(stats[split]["documents"] for split in SPLITS)
     stats["tokens"] = sum(stats[split]["tokens"] for split in SPLITS)
     # What Levanter recorded: tokenizer, vocab size, whether it added bos/eos per document.

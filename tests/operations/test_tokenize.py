@@ -14,14 +14,22 @@ import sys
 
 import pytest
 
-from operations.shards import iter_documents, list_shards, shard_name, write_documents
-from operations.tokenize import TokenizeConfig, cache_finished, lm_data_config, split_documents, tokenize
+from operations.shards import shard_name, write_documents
+from operations.tokenize import (
+    TokenizeConfig,
+    cache_finished,
+    forced_validation_id,
+    lm_data_config,
+    split_counts,
+    split_source,
+    tokenize,
+)
 from operations.tokenizer import TrainTokenizerConfig, in_validation, split_key, train_tokenizer
 from tests.operations.test_tokenizer import make_corpus
 
 
-def split_ids(output_path, split):
-    return [doc["id"] for doc in iter_documents(os.path.join(output_path, "documents", split))]
+def split_ids(config, split, forced=None):
+    return [row["id"] for row in split_source(config, split, forced)]
 
 
 def test_split_depends_only_on_id_fraction_and_seed():
@@ -34,24 +42,27 @@ def test_split_depends_only_on_id_fraction_and_seed():
     assert chosen != {i for i in ids if in_validation(i, 0.05, seed=1)}
 
 
-def test_every_document_lands_in_exactly_one_split_and_reruns_are_byte_identical(tmp_path):
+def test_every_document_lands_in_exactly_one_split_and_the_counts_agree(tmp_path):
     documents = make_corpus(str(tmp_path / "docs"), documents=200, shards=4)
     config = TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "a"), validation_fraction=0.1)
-    per_shard = split_documents(config)
 
-    validation = split_ids(config.output_path, "validation")
-    train = split_ids(config.output_path, "train")
+    validation = split_ids(config, "validation")
+    train = split_ids(config, "train")
     assert sorted(train + validation) == sorted(doc["id"] for doc in documents)
     assert set(validation) == {doc["id"] for doc in documents if in_validation(doc["id"], 0.1)}
+    per_shard = split_counts(config)
     assert sum(shard["validation"]["documents"] for shard in per_shard) == len(validation)
+    assert sum(shard["train"]["documents"] for shard in per_shard) == len(train)
+    # Streaming again gives the same rows in the same order.
+    assert split_ids(config, "train") == train
 
-    split_documents(
-        TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "b"), validation_fraction=0.1)
-    )
-    for split in ("train", "validation"):
-        for shard_a in list_shards(str(tmp_path / "a" / "documents" / split)):
-            shard_b = shard_a.replace(str(tmp_path / "a"), str(tmp_path / "b"))
-            assert pathlib.Path(shard_a).read_bytes() == pathlib.Path(shard_b).read_bytes()
+
+def test_a_source_resumes_at_a_row_of_its_own_split(tmp_path):
+    make_corpus(str(tmp_path / "docs"), documents=60, shards=2)
+    source = split_source(TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out")), "train")
+    name = source.shard_names[1]
+    rows = list(source.open_shard(name))
+    assert list(source.open_shard_at_row(name, 7)) == rows[7:]
 
 
 def test_tiny_corpus_still_gets_one_validation_document(tmp_path):
@@ -62,17 +73,16 @@ def test_tiny_corpus_still_gets_one_validation_document(tmp_path):
         str(tmp_path / "docs"), "unused", str(tmp_path / "out"), validation_fraction=0.001
     )
 
-    split_documents(config)
+    forced = forced_validation_id(split_counts(config))
 
-    assert split_ids(config.output_path, "validation") == [min(ids, key=split_key)]
-    assert len(split_ids(config.output_path, "train")) == 4
-    # The re-run resumes from the corrected shard counters and changes nothing.
-    assert sum(s["validation"]["documents"] for s in split_documents(config)) == 1
+    assert forced == min(ids, key=split_key)
+    assert split_ids(config, "validation", forced) == [forced]
+    assert sorted(split_ids(config, "train", forced)) == sorted(set(ids) - {forced})
 
 
 def test_tokenizer_held_out_documents_are_the_validation_documents(tmp_path):
     make_corpus(str(tmp_path / "docs"), documents=100, shards=2)
-    per_shard = split_documents(TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out")))
+    config = TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out"))
     train_tokenizer(
         TrainTokenizerConfig(
             input_path=str(tmp_path / "docs"), output_path=str(tmp_path / "tok"), vocab_size=300
@@ -80,8 +90,9 @@ def test_tokenizer_held_out_documents_are_the_validation_documents(tmp_path):
     )
 
     heldout = json.loads((tmp_path / "tok" / "stats.json").read_text())["heldout"]
-    validation = split_ids(str(tmp_path / "out"), "validation")
-    assert heldout["documents"] == len(validation) == sum(s["validation"]["documents"] for s in per_shard) > 0
+    validation = split_ids(config, "validation")
+    assert heldout["documents"] == len(validation) > 0
+    assert heldout["documents"] == sum(s["validation"]["documents"] for s in split_counts(config))
 
 
 def test_empty_texts_are_counted_and_skipped(tmp_path):
@@ -90,16 +101,18 @@ def test_empty_texts_are_counted_and_skipped(tmp_path):
         for i, text in enumerate(["a b", "", "  \n", "c"])
     ]
     write_documents(str(tmp_path / "docs" / shard_name(0)), docs)
-    per_shard = split_documents(TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out")))
+    config = TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out"))
+    per_shard = split_counts(config)
     assert per_shard[0]["skipped_empty"] == 2
     assert per_shard[0]["train"]["documents"] + per_shard[0]["validation"]["documents"] == 2
+    assert sorted(split_ids(config, "train") + split_ids(config, "validation")) == ["0", "3"]
 
 
 def test_document_without_the_text_field_names_the_file_and_field(tmp_path):
     shard = str(tmp_path / "docs" / shard_name(0))
     write_documents(shard, [{"id": "x", "body": "text", "source": "", "metadata": {}}])
     with pytest.raises(ValueError, match=r"shard-00000.jsonl.gz: document 'x' has no string field 'text'"):
-        split_documents(TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out"), workers=1))
+        split_counts(TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out")))
 
 
 @pytest.mark.parametrize(
@@ -154,7 +167,7 @@ def test_caches_hold_every_document_levanter_loads_them_and_they_decode_back(tok
     by_id = {doc["id"]: doc["text"] for doc in documents}
     expected_ids = {}
     for split in ("train", "validation"):
-        ids = split_ids(out, split)
+        ids = split_ids(config, split)
         # Levanter's BatchTokenizer tokenizes "<bos> text <eos>" for each document.
         encoded = tokenizer([f"{bos} {by_id[i]} {eos}" for i in ids])["input_ids"]
         assert stats[split]["documents"] == len(ids)
@@ -181,6 +194,28 @@ def test_rerun_after_success_changes_nothing(tokenized):
     before = stats.read_bytes()
     tokenize(config)
     assert stats.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_tiny_corpus_builds_a_validation_cache_of_the_forced_document(tokenized, tmp_path):
+    _, config, _ = tokenized
+    documents = make_corpus(str(tmp_path / "docs"), documents=5, shards=2)
+    ids = [doc["id"] for doc in documents]
+    assert not any(in_validation(i, 0.001) for i in ids)
+    tiny = TokenizeConfig(
+        str(tmp_path / "docs"), config.tokenizer, str(tmp_path / "out"), validation_fraction=0.001
+    )
+
+    tokenize(tiny)
+
+    stats = json.loads(pathlib.Path(tiny.output_path, "stats.json").read_text())
+    assert (stats["train"]["documents"], stats["validation"]["documents"]) == (4, 1)
+    data = lm_data_config(tiny.output_path, tiny.tokenizer)
+    validation = data.build_or_load_cache("validation", monitors=False)
+    text = next(doc["text"] for doc in documents if doc["id"] == min(ids, key=split_key))
+    assert data.the_tokenizer.decode(validation[0]["input_ids"]).startswith(
+        f"{data.the_tokenizer.bos_token} {text}"
+    )
 
 
 @pytest.mark.slow
@@ -321,7 +356,7 @@ def test_in_process_caches_equal_levanters_own_processor_byte_for_byte(tokenized
         data.format, data.the_tokenizer, enforce_bos=True, enforce_eos=data.enforce_eos
     )
     for split in ("train", "validation"):
-        source = data.get_shard_source(split)
+        source = split_source(config, split)
         reference = tmp_path / split
         # Levanter's own processor and its default batch size, through the same loop.
         _tokenize_one_shard_group(
@@ -341,3 +376,14 @@ def test_in_process_caches_equal_levanters_own_processor_byte_for_byte(tokenized
         assert files.keys() == theirs.keys() and files, split
         for name, content in files.items():
             assert theirs[name] == content, (split, name)
+
+
+def test_a_second_count_rewrites_no_counts_file(tmp_path):
+    make_corpus(str(tmp_path / "docs"), documents=40, shards=2)
+    config = TokenizeConfig(str(tmp_path / "docs"), "unused", str(tmp_path / "out"), validation_fraction=0.2)
+    first = split_counts(config)
+    counts = sorted(pathlib.Path(config.output_path, ".split_counts").iterdir())
+    before = {path: (path.stat().st_ino, path.stat().st_mtime_ns) for path in counts}
+    assert len(counts) == 2
+    assert split_counts(config) == first
+    assert {path: (path.stat().st_ino, path.stat().st_mtime_ns) for path in counts} == before
