@@ -65,7 +65,8 @@ class Target:
     """A pytest -k expression that leaves out slow tests which add nothing here."""
 
 
-_EXECUTOR_TESTS = ("tests/executor",)
+# test_untrusted_trees reads crafted output trees through executor.template and executor.tree.
+_EXECUTOR_TESTS = ("tests/executor", "tests/marin/test_untrusted_trees.py")
 # s3 runs the store contract against SeaweedFS (seconds to start, same code path as memory://).
 _EXECUTOR_SELECT = "not s3"
 
@@ -123,6 +124,8 @@ class Report:
     survived: list[str] = field(default_factory=list)
     no_tests: list[str] = field(default_factory=list)
     not_checked: int = 0
+    unchecked: list[str] = field(default_factory=list)
+    sample: int = 1
     equivalent: dict[str, str] = field(default_factory=dict)
     per_file: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
@@ -144,6 +147,7 @@ class Report:
             f"{self.timeout} timeout, {self.crashed} crashed, {len(self.survived)} survived, "
             f"{len(self.no_tests)} reached by no test, {len(self.equivalent)} equivalent excluded, "
             f"{self.not_checked} not checked) in {self.seconds:.0f} s at {self.commit[:10]}"
+            + (f"; 1-in-{self.sample} sample" if self.sample > 1 else "")
         )
 
 
@@ -151,11 +155,18 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def prepare(workdir: Path, commit: str, target: Target) -> None:
-    """A fresh copy of the repository at `commit` with the target's mutmut configuration."""
-    if workdir.exists():
+def prepare(workdir: Path, commit: str, target: Target, reuse: bool = False) -> None:
+    """A copy of the repository at `commit` with the target's mutmut configuration.
+
+    Fresh unless `reuse`: then the files of `commit` replace those of an earlier run's copy
+    and its `mutants/` (mutmut's cache of verdicts and of which tests reach what) is kept.
+    """
+    if workdir.exists() and not reuse:
         shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("executor", "operations", "marin", "tests", "experiments", "bench"):
+        if reuse and (workdir / name).exists():
+            shutil.rmtree(workdir / name)  # files deleted since must not linger
     archive = subprocess.run(["git", "archive", commit], cwd=REPO, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive, check=True)
     (workdir / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -186,12 +197,23 @@ def mutmut_binary() -> str:
     return str(candidate)
 
 
-def run_mutmut(workdir: Path, max_children: int, timeout: float, log: Path) -> bool:
-    """Run mutmut in `workdir`; False when it ran out of time (results so far are kept)."""
+def run_mutmut(
+    workdir: Path, max_children: int, timeout: float, log: Path, mutants: list[str] | None = None
+) -> bool:
+    """Run mutmut in `workdir` (only `mutants`, when given); False when it ran out of time."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    with open(log, "w") as out:
+    with open(log, "a") as out:
         process = subprocess.Popen(
-            ["nice", "-n", "10", mutmut_binary(), "run", "--max-children", str(max_children)],
+            [
+                "nice",
+                "-n",
+                "10",
+                mutmut_binary(),
+                "run",
+                "--max-children",
+                str(max_children),
+                *(mutants or []),
+            ],
             cwd=workdir,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -236,8 +258,21 @@ def mutant_diff(sources: dict[str, str], mutant: str) -> tuple[str, list[str]]:
     return function, lines
 
 
-def collect(workdir: Path, name: str, commit: str) -> Report:
-    report = Report(name=name, commit=commit)
+def in_sample(mutant: str, sample: int) -> bool:
+    """Systematic 1-in-`sample` selection: mutants numbered 0 mod `sample` within each function."""
+    return sample == 1 or int(mutant.rsplit("_", 1)[-1]) % sample == 0
+
+
+def sample_patterns(sample: int) -> list[str]:
+    """fnmatch patterns mutmut accepts for `in_sample` (1, 2, 5 and 10 only)."""
+    endings = {2: "02468", 5: "05", 10: "0"}
+    if sample not in endings:
+        raise SystemExit("--sample must be 1, 2, 5 or 10")
+    return [f"*__mutmut_*{digit}" for digit in endings[sample]]
+
+
+def collect(workdir: Path, name: str, commit: str, sample: int = 1) -> Report:
+    report = Report(name=name, commit=commit, sample=sample)
     for meta in sorted((workdir / "mutants").rglob("*.py.meta")):
         source_file = str(meta.relative_to(workdir / "mutants"))[: -len(".meta")]
         data = json.loads(meta.read_text())
@@ -247,8 +282,11 @@ def collect(workdir: Path, name: str, commit: str) -> Report:
         sources = function_sources(meta.with_suffix(""))
         counts = {"mutants": 0, "detected": 0, "equivalent": 0}
         for mutant, code in codes.items():
+            if not in_sample(mutant, sample):
+                continue
             report.mutants += 1
-            counts["mutants"] += 1
+            if code is not None:
+                counts["mutants"] += 1
             function, lines = mutant_diff(sources, mutant)
             added = [line[1:].strip() for line in lines if line.startswith("+")]
             reason = next((EQUIVALENT[(function, a)] for a in added if (function, a) in EQUIVALENT), None)
@@ -264,6 +302,7 @@ def collect(workdir: Path, name: str, commit: str) -> Report:
                 report.killed += 1
             elif code is None:
                 report.not_checked += 1
+                report.unchecked.append(mutant)
                 continue
             else:
                 (report.no_tests if STATUS.get(code) == "no tests" else report.survived).append(mutant)
@@ -286,6 +325,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--survivors", action="store_true", help="print each survivor's diff")
     parser.add_argument("--collect-only", action="store_true", help="re-read the results of an earlier run")
     parser.add_argument("--json", help="also write the reports here")
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=1,
+        help="test 1 in N mutants (N = 2, 5 or 10): those numbered 0 mod N in each function",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted run in --workdir (same code): test only the unchecked mutants",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="incremental: keep an earlier run's verdicts in --workdir; mutmut re-tests the functions "
+        "that changed, and every survivor is re-tested against the current tests",
+    )
     args = parser.parse_args(argv)
 
     commit = git("rev-parse", args.commit)
@@ -296,9 +352,28 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         finished = True
         if not args.collect_only:
-            prepare(workdir, commit, target)
-            finished = run_mutmut(workdir, args.max_children, args.timeout, workdir / "mutmut.log")
-        report = collect(workdir, name, commit)
+            reuse = args.reuse and (workdir / "mutants").exists()
+            log = workdir / "mutmut.log"
+            if args.resume:
+                # Finish an interrupted run on the same code: only what is still unchecked.
+                todo = collect(workdir, name, commit, args.sample).unchecked
+                if todo:
+                    finished = run_mutmut(workdir, args.max_children, args.timeout, log, todo)
+            elif not reuse:
+                prepare(workdir, commit, target)
+                patterns = sample_patterns(args.sample) if args.sample > 1 else None
+                finished = run_mutmut(workdir, args.max_children, args.timeout, log, patterns)
+            else:
+                prepare(workdir, commit, target, reuse=True)
+                # Regenerate the mutants of changed functions and learn what new tests reach
+                # (mutmut stops with "nothing matches" after that), then test what is open.
+                run_mutmut(workdir, args.max_children, args.timeout, log, ["no-such-mutant"])
+                earlier = collect(workdir, name, commit, args.sample)
+                again = earlier.survived + earlier.no_tests + earlier.unchecked
+                remaining = args.timeout - (time.time() - started)
+                if again and remaining > 0:
+                    finished = run_mutmut(workdir, args.max_children, remaining, log, again)
+        report = collect(workdir, name, commit, args.sample)
         report.seconds = time.time() - started
         reports.append(report)
         print(report.line() + ("" if finished else "  [stopped at --timeout]"), flush=True)
@@ -326,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                         "no_tests": r.no_tests,
                         "equivalent": r.equivalent,
                         "not_checked": r.not_checked,
+                        "sample": r.sample,
                         "per_file": r.per_file,
                         "diffs": r.diffs,
                     }
