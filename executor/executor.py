@@ -11,6 +11,8 @@ names (`steps`, `output_paths`, `configs`, `versions`, `executor_info_path`), pl
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -97,12 +99,11 @@ class Executor:
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         script = caller_script()
-        graph = resolve(steps, self.prefix)
+        with _cyclic_gc_paused():
+            graph = resolve(steps, self.prefix)
         self._record_graph(graph)
         if dry_run:
             self.store.check_readable(self.prefix)
-        else:
-            self.store.check_writable(self.prefix)
         self.executor_info_path = experiment_info_path(self.executor_info_base_path, script, graph)
         worker_id = new_worker_id()
         runner_ref: list[Runner] = []
@@ -110,7 +111,8 @@ class Executor:
             self.store, self.lease_config, worker_id, on_lost=lambda path: runner_ref[0].lease_lost(path)
         )
         try:
-            plan = self.plan = make_plan(graph, steps, self.store, leases, run_only, force_run_failed)
+            with _cyclic_gc_paused():
+                plan = self.plan = make_plan(graph, steps, self.store, leases, run_only, force_run_failed)
             for row in plan.rows:
                 self._emit(StepPlanned(row.name, row.output_path, action=row.action.value, reason=row.reason))
             if self.console:
@@ -131,13 +133,18 @@ class Executor:
                     "steps failed previously and force_run_failed is off:\n"
                     + "\n".join(f"  - {row.name}: {row.reason}" for row in errors)
                 )
+            will_run = any(row.action != Action.SKIP for row in plan.rows)
+            if will_run or not self.store.exists(self.executor_info_path):
+                # Something will be written (steps, or this run's manifest): fail now, naming the
+                # prefix, if it cannot be. A cached re-run with a manifest writes nothing.
+                self.store.check_writable(self.prefix)
             listeners = [self._emit]
             runner = Runner(plan, self.store, leases, self._dispatch(listeners, plan), max_concurrent)
             runner_ref.append(runner)
             # Provenance (git, packages) is gathered only when a manifest is written: a fully
             # cached re-run of an experiment that has one finishes without spawning git.
             info: dict[str, Any] = {}
-            if any(row.action != Action.SKIP for row in plan.rows):  # record in-progress runs too
+            if will_run:  # record in-progress runs too
                 info = collect_provenance(script)
                 write_experiment_info(
                     self.store, self.executor_info_path, graph, info, self.description, started
@@ -186,3 +193,22 @@ class Executor:
             self.output_paths[declaration] = resolved.output_path
             self.configs[declaration] = resolved.config
             self.versions[declaration] = resolved.version
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """No cyclic garbage collection while the graph and the plan are built.
+
+    They allocate ~100 long-lived objects per step and free almost none, so the collector
+    would walk the growing heap again and again for nothing: about a tenth of a cached
+    re-run of 1,000 steps. Reference counting frees memory as usual meanwhile. Left alone
+    when the caller has disabled the collector.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -30,7 +30,6 @@ import math
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -127,7 +126,7 @@ def _hostname() -> str:
 
 def new_worker_id() -> str:
     """Unique per driver (per Executor run): host, pid and a random suffix."""
-    return f"{_hostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return f"{_hostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import contextlib
 import logging
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from typing import IO
@@ -150,6 +149,8 @@ def _open_local(path: str) -> IO[str]:
 
 
 def _open_temp() -> IO[str]:
+    import tempfile  # object stores only
+
     return tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".log", delete=False)  # noqa: SIM115
 
 

@@ -11,11 +11,8 @@ it writes a manifest (not on a fully cached re-run whose manifest exists).
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
-import platform
-import subprocess
 import sys
 from typing import Any
 
@@ -33,6 +30,8 @@ def caller_script() -> str | None:
 
 
 def _git(args: list[str], cwd: str) -> str | None:
+    import subprocess  # here, like the other provenance-only imports: a cached re-run needs none
+
     try:
         result = subprocess.run(
             ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
@@ -91,7 +90,11 @@ def package_versions() -> dict[str, str]:
 
 
 def collect_provenance(script: str | None) -> dict[str, Any]:
+    import platform
+
     try:
+        import getpass
+
         user = getpass.getuser()
     except (KeyError, OSError):
         user = None

@@ -34,10 +34,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import stat
 import threading
-import uuid
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -59,6 +57,11 @@ class FileInfo:
     is_dir: bool
     size: int
     mtime: float | None
+
+
+def _random_hex() -> str:
+    """32 random hex digits, as `uuid.uuid4().hex` (without importing uuid and platform)."""
+    return os.urandom(16).hex()
 
 
 def _to_bytes(data: bytes | str) -> bytes:
@@ -167,7 +170,7 @@ class Store:
 
     def check_writable(self, prefix: str) -> None:
         """Raise StoreError naming `prefix` unless a file can be created and removed there."""
-        probe = f"{prefix.rstrip('/')}/.write-probe-{uuid.uuid4().hex}"
+        probe = f"{prefix.rstrip('/')}/.write-probe-{_random_hex()}"
         try:
             self.write_atomic(probe, b"probe")
             self.delete(probe)
@@ -275,7 +278,7 @@ class LocalStore(Store):
     def write_atomic(self, path: str, data: bytes | str) -> None:
         target = self.fs_path(path)
         directory, name = os.path.split(target)
-        temp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{name}")
+        temp = os.path.join(directory, f".tmp-{_random_hex()}-{name}")
         fd = _open_making_parents(temp, _CREATE)
         try:
             try:
@@ -316,6 +319,8 @@ class LocalStore(Store):
         target = self.fs_path(path)
         with contextlib.suppress(FileNotFoundError):
             if os.path.isdir(target) and not os.path.islink(target):
+                import shutil  # here: it pulls in the compression modules
+
                 shutil.rmtree(target)
             else:
                 os.unlink(target)
