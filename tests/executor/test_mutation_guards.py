@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
+import shutil
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -27,18 +30,23 @@ from executor import (
     ExecutorRunError,
     ExecutorStep,
     InputName,
+    LeaseConfig,
     StepDefinitionError,
     executor_main,
+    get_executor_step,
     output_path_of,
     this_output_path,
+    unwrap_versioned_value,
     versioned,
 )
 from executor.console import ConsoleProgress
 from executor.diffing import FieldChange, diff_flat, diff_versions, flatten
 from executor.events import RunFinished, StepFailed, StepSkipped, StepStarted, StepSucceeded, StepWaiting
 from executor.fingerprint import UnencodableValueError, encode, sha256_hex
+from executor.lease import LeaseManager
 from executor.plan import Plan
-from executor.tree import Status, read_status
+from executor.store import open_store
+from executor.tree import Status, lease_path, read_status
 from tests.executor.steps_for_tests import CALLS, WriteConfig, fail, write_value
 
 
@@ -497,3 +505,116 @@ def test_dependents_of_a_failed_step_are_marked_dep_failed_with_its_name(tmp_pat
     assert str(failed.value) == (
         f"1 step(s) did not succeed:\n  - up [failed] RuntimeError: boom in up\n      log: {up_path}/.executor_log"
     )
+
+
+def test_a_new_version_is_explained_against_the_latest_sibling_of_the_same_name_only(tmp_path):
+    for value in (1, 2):
+        Executor(str(tmp_path), console=False).run([write_step("group/s", value)])
+    group = tmp_path / "group"
+    latest = max(group.iterdir(), key=lambda d: (d / ".executor_status").read_text())
+    # Decoys the finder must skip: an unreadable sibling (sorted first), and another step's
+    # output whose directory name has the same length and the very same status time.
+    (group / "s-00000000").mkdir()
+    shutil.copytree(latest, group / "q-00000000")
+    plan = Executor(str(tmp_path), console=False).run([write_step("group/s", 3)], dry_run=True)
+    (row,) = plan.rows
+    assert row.previous_output == str(latest)
+    assert row.why_new == ("value: 2 -> 3",)
+
+
+def test_an_override_path_is_not_compared_with_siblings(tmp_path):
+    Executor(str(tmp_path), console=False).run([write_step("s", 1)])
+    plan = Executor(str(tmp_path), console=False).run(
+        [write_step("s", 2).with_output_path("s-custom")], dry_run=True
+    )
+    (row,) = plan.rows
+    assert (row.previous_output, row.why_new) == (None, ())
+
+
+def test_a_step_log_holds_its_prints_and_log_records_and_the_streams_still_work(tmp_path):
+    seen = {}
+
+    def chatty(config: WriteConfig) -> None:
+        print("printed line")
+        sys.stdout.flush()
+        seen["encoding"] = sys.stdout.encoding
+        seen["isatty"] = sys.stderr.isatty()
+        logging.getLogger("chatty.step").warning("warned %s", 7)
+        print("to stderr", file=sys.stderr)
+
+    run = Executor(str(tmp_path), console=False)
+    run.run([write_step("chatty", fn=chatty)])
+    log = Path(run.output_paths[run.steps[0]], ".executor_log").read_text()
+    lines = log.splitlines()
+    assert lines[0] == "printed line"
+    assert lines[1].endswith(" WARNING chatty.step: warned 7")
+    assert lines[2] == "to stderr"
+    assert len(lines) == 3 and log.endswith("\n")
+    assert seen["encoding"] and isinstance(seen["isatty"], bool)
+
+
+def test_get_executor_step_and_unwrap_versioned_value():
+    up = write_step("up")
+    assert get_executor_step(up) is up
+    assert get_executor_step(up / "x") is up
+    with pytest.raises(ValueError, match=r"InputName\('<hardcoded>', 'raw'\) does not refer to a step"):
+        get_executor_step(InputName.hardcoded("raw"))
+    assert unwrap_versioned_value(versioned(3)) == 3
+    assert unwrap_versioned_value([3]) == [3]
+
+
+@pytest.mark.parametrize("prefix", ["local", "memory"])
+def test_store_makedirs_creates_nested_directories(tmp_path, prefix):
+    root = str(tmp_path) if prefix == "local" else f"memory://makedirs-{os.getpid()}-{id(tmp_path)}"
+    store = open_store(root)
+    assert store.protocol == ("file" if prefix == "local" else "memory")
+    store.makedirs(f"{root}/a/b/c")
+    store.makedirs(f"{root}/a/b/c")  # twice is fine
+    assert store.exists(f"{root}/a/b/c")
+    assert [info.name for info in store.list_dir(f"{root}/a")] == ["b"]
+    assert store.list_dir(f"{root}/a")[0].is_dir
+
+
+def test_losing_a_lease_is_logged_with_its_path(tmp_path, caplog):
+    store = open_store(str(tmp_path))
+    leases = LeaseManager(store, LeaseConfig(heartbeat_interval=30, timeout=60), "w")
+    output = f"{tmp_path}/step"
+    try:
+        assert leases.try_acquire(output).acquired
+        store.write_atomic(lease_path(output), b"taken")
+        with caplog.at_level(logging.ERROR, logger="executor.lease"):
+            assert not leases.refresh(output)
+        assert [r.getMessage() for r in caplog.records if r.name == "executor.lease"] == [
+            f"lost the lease on {output}: another driver took it over"
+        ]
+    finally:
+        leases.close()
+
+
+def test_an_interrupted_run_marks_its_running_steps_failed_and_frees_their_leases(tmp_path):
+    started, release = threading.Event(), threading.Event()
+
+    def blocks(config: WriteConfig) -> None:
+        started.set()
+        release.wait(timeout=30)
+
+    def interrupt_when_started() -> None:
+        if started.wait(timeout=30):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    run = Executor(str(tmp_path), console=False)
+    helper = threading.Thread(target=interrupt_when_started)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run.run([write_step("blocks", fn=blocks)])
+    finally:
+        release.set()
+        helper.join(timeout=30)
+    path = run.output_paths[run.steps[0]]
+    history = read_status(run.store, path)
+    assert [(e.status, e.message) for e in history] == [
+        (Status.RUNNING, None),
+        (Status.FAILED, "interrupted"),
+    ]
+    assert run.store.read_bytes(lease_path(path)) is None
