@@ -42,13 +42,19 @@ _NAME_PART = re.compile(r"[A-Za-z0-9_.\-]+")
 RESERVED_FIRST_PARTS = ("experiments",)
 """`<prefix>/experiments/` holds the experiment manifests: no step output goes there."""
 
+_PART = r"(?!\.\.?(?:/|$))[A-Za-z0-9_.\-]+"  # a name part that is not '.' or '..'
+_VALID_NAME = re.compile(rf"(?!(?:{'|'.join(RESERVED_FIRST_PARTS)})(?:/|$)){_PART}(?:/{_PART})*")
+"""Every name `_name_problem` accepts, in one match (the check runs for every step built)."""
+
 
 def check_step_name(name: Any) -> None:
     """Raise StepDefinitionError unless `name` is a clean relative path (see `_name_problem`)."""
+    if type(name) is str and _VALID_NAME.fullmatch(name):
+        return
     if not isinstance(name, str):
         raise StepDefinitionError(f"step name must be a string, got {type(name).__name__} {name!r}")
     problem = _name_problem(name)
-    if problem is not None:
+    if problem is not None:  # (None only for a str subclass the fast path skipped)
         raise StepDefinitionError(
             f"step name {name!r} is invalid: {problem}. A name is parts of letters, digits, '_', '-' "
             "and '.' joined by single '/' (e.g. 'tokenized/stdlib'); its output goes to "

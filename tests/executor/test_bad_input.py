@@ -8,6 +8,7 @@ FAILED (never SUCCESS) and point at the step's log.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import stat
@@ -28,6 +29,7 @@ from executor import (
     versioned,
 )
 from executor.graph import resolve
+from executor.steps import _VALID_NAME, _name_problem
 from executor.store import LocalStore
 from executor.tree import LOG_FILE, Status, read_status
 
@@ -265,6 +267,14 @@ def test_a_step_name_must_be_a_string():
 @pytest.mark.parametrize("name", ["a", "a.b/c-d_e", "tokenized/stdlib", "experiments_v2", "x/experiments"])
 def test_valid_step_names_are_accepted(name):
     assert ExecutorStep(name, record, Cfg()).name == name
+
+
+def test_the_fast_name_check_agrees_with_the_explained_one():
+    # check_step_name accepts with one regex and explains refusals part by part: same verdicts.
+    names = ["".join(chars) for k in range(7) for chars in itertools.product("a./-", repeat=k)]
+    names += ["experiments", "experiments/x", "experimentsx", "x/experiments", "experiments.v2", "é"]
+    for name in names:
+        assert bool(_VALID_NAME.fullmatch(name)) == (_name_problem(name) is None), name
 
 
 def _dirname(tmp_path: Path, s: ExecutorStep) -> str:
