@@ -10,6 +10,7 @@ what must happen.
 
 from __future__ import annotations
 
+import enum
 import io
 import json
 import logging
@@ -19,7 +20,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -46,6 +47,7 @@ from executor.fingerprint import UnencodableValueError, encode, sha256_hex
 from executor.lease import LeaseManager
 from executor.plan import Plan
 from executor.store import open_store
+from executor.template import TemplateError, TrustedCode, decode_template, encode_template
 from executor.tree import Status, lease_path, read_status
 from tests.executor.steps_for_tests import CALLS, WriteConfig, fail, write_value
 
@@ -618,3 +620,277 @@ def test_an_interrupted_run_marks_its_running_steps_failed_and_frees_their_lease
         (Status.FAILED, "interrupted"),
     ]
     assert run.store.read_bytes(lease_path(path)) is None
+
+
+# -- config templates (marin reproduce): exact records, exact refusals ---------------------------
+
+
+class Shade(enum.Enum):
+    DARK = 1
+
+
+@dataclass(frozen=True)
+class Holder:
+    value: Any = None
+    other: Any = None
+
+
+class WithStatic:
+    @staticmethod
+    def helper() -> None:
+        pass
+
+
+def no_steps(path: str):
+    raise AssertionError(f"no input expected, got {path}")
+
+
+def test_encode_template_records_each_kind_exactly():
+    up = write_step("up")
+    where = {id(up): "/p/up-1"}
+    record = encode_template(
+        Holder(
+            value=[
+                None,
+                True,
+                3,
+                1.5,
+                "s",
+                Shade.DARK,
+                (1, "t"),
+                {"b", "a"},
+                frozenset({2}),
+                {"k": 1},
+                {"__x__": 1},
+                {1: "one"},
+                b"\x01\xff",
+                PurePosixPath("a/b"),
+                up,
+                up / "sub",
+                up.nonblocking(),
+                InputName.hardcoded("raw/x"),
+                this_output_path("o"),
+                versioned(4),
+                write_value,
+                object,
+            ],
+            other=Holder(),
+        ),
+        lambda step: where[id(step)],
+    )
+    assert record == {
+        "__dataclass__": f"{__name__}:Holder",
+        "fields": {
+            "value": [
+                None,
+                True,
+                3,
+                1.5,
+                "s",
+                {"__enum__": f"{__name__}:Shade", "name": "DARK"},
+                {"__tuple__": [1, "t"]},
+                {"__set__": ["a", "b"], "frozen": False},
+                {"__set__": [2], "frozen": True},
+                {"k": 1},
+                {"__dict__": [["__x__", 1]]},
+                {"__dict__": [[1, "one"]]},
+                {"__bytes__": "01ff"},
+                {"__path__": "pathlib:PurePosixPath", "value": "a/b"},
+                {"__input__": "/p/up-1", "name": None, "nonblocking": False},
+                {"__input__": "/p/up-1", "name": "sub", "nonblocking": False},
+                {"__input__": "/p/up-1", "name": None, "nonblocking": True},
+                {"__hardcoded__": "raw/x", "name": None},
+                {"__output__": "o"},
+                {"__versioned__": 4},
+                {"__callable__": "tests.executor.steps_for_tests:write_value"},
+                {"__callable__": "builtins:object"},
+            ],
+            "other": {"__dataclass__": f"{__name__}:Holder", "fields": {"value": None, "other": None}},
+        },
+    }
+    opaque = encode_template(threading.Lock(), lambda step: "")
+    assert set(opaque) == {"__opaque__", "repr"} and opaque["__opaque__"] == "_thread.lock"
+
+
+def test_decode_template_rebuilds_each_kind():
+    up = write_step("up")
+    values = [
+        None,
+        [1, [2]],
+        Shade.DARK,
+        (1, ("t",)),
+        {"b", "a"},
+        frozenset({2}),
+        {"k": {"j": 1}},
+        {"__x__": 1},
+        {1: "one", (2, 3): "pair"},
+        b"\x01\xff",
+        PurePosixPath("a/b"),
+        up / "sub",
+        up.nonblocking(),
+        InputName.hardcoded("raw/x"),
+        this_output_path("o"),
+        versioned({"deep": [Shade.DARK]}),
+        Holder(value=Holder(other=(1,))),
+    ]
+    for value in values:
+        record = json.loads(json.dumps(encode_template(value, lambda step: "/p/up-1")))
+        rebuilt = decode_template(record, lambda path: {"/p/up-1": up}[path])
+        assert rebuilt == value, value
+        assert type(rebuilt) is type(value), value
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"a": {"__tuple__": "x"}}, "field 'a': '__tuple__' is str, not what the template format has"),
+        (
+            {"a": {"b": [{"__bytes__": 1}]}},
+            "field 'a.b[0]': '__bytes__' is not hex (field 'a.b[0]': '__bytes__' is int, not what the template",
+        ),
+        ({"__bytes__": "zz"}, "field '<root>': '__bytes__' is not hex (non-hexadecimal number found"),
+        ({"__dict__": [[1]]}, "field '<root>': '__dict__' holds [1], not a [key, value] pair"),
+        ({"__dict__": "x"}, "field '<root>': '__dict__' is str, not what the template format has"),
+        (
+            {"__dict__": [[[1], 2]]},
+            "field '<root>': a recorded dict key is unhashable (unhashable type: 'list')",
+        ),
+        (
+            {"__set__": [[1]]},
+            "field '<root>': a recorded set holds unhashable items (unhashable type: 'list')",
+        ),
+        ({"__set__": 5}, "field '<root>': '__set__' is int, not what the template format has"),
+        ({"__input__": 5}, "field '<root>': '__input__' is int, not what the template format has"),
+        ({"__input__": "/p", "name": 5}, "field '<root>': 'name' is int, not what the template format has"),
+        (
+            {"__hardcoded__": None},
+            "field '<root>': '__hardcoded__' is NoneType, not what the template format has",
+        ),
+        ({"__output__": 3}, "field '<root>': '__output__' is int, not what the template format has"),
+        (
+            {"__path__": "pathlib:PurePosixPath", "value": 3},
+            "field '<root>': 'value' is int, not what the template format has",
+        ),
+        (
+            {"__dataclass__": f"{__name__}:Holder", "fields": []},
+            "field '<root>': 'fields' is list, not what the template format has",
+        ),
+        (
+            {"x": {"__dataclass__": f"{__name__}:Holder", "fields": {"nope": 1}}},
+            f"field 'x': {__name__}:Holder no longer accepts the recorded fields (",
+        ),
+        (
+            {"__enum__": f"{__name__}:Shade", "name": "LIGHT"},
+            f"field '<root>': {__name__}:Shade has no member 'LIGHT'",
+        ),
+        (
+            {"__enum__": f"{__name__}:Shade", "name": 1},
+            "field '<root>': 'name' is int, not what the template",
+        ),
+        (
+            {"v": {"__opaque__": "socket.socket", "repr": "<s>"}},
+            "field 'v' held a socket.socket (<s>), which was not recorded in a form that can be rebuilt",
+        ),
+    ],
+)
+def test_malformed_template_records_are_refused_naming_the_field(record, message):
+    with pytest.raises(TemplateError) as refused:
+        decode_template(record, lambda path: None)
+    assert str(refused.value).startswith(message)
+
+
+def test_deeply_nested_records_are_refused_not_a_recursion_error():
+    record: Any = 1
+    for _ in range(5000):
+        record = [record]
+    with pytest.raises(
+        TemplateError, match=r"field '<root>': the recorded config is nested too deeply: refused"
+    ):
+        decode_template(record, no_steps)
+
+
+def test_trusted_code_compares_whole_directories(tmp_path):
+    pkg, sibling, checkout = tmp_path / "pkg", tmp_path / "pkg2", tmp_path / "checkout"
+    for directory in (pkg, sibling, checkout / "site", checkout / "trees"):
+        directory.mkdir(parents=True)
+    policy = TrustedCode(
+        packages=[str(pkg)],
+        checkout=str(checkout),
+        installed=[str(checkout / "site")],
+        excluded=[str(checkout / "trees")],
+    )
+    assert policy.may_run(str(pkg / "m.py"))
+    assert policy.may_run(str(pkg))
+    assert not policy.may_run(str(sibling / "m.py"))  # /pkg2 is not under /pkg
+    assert not policy.may_run(None) and not policy.may_run("")
+    assert policy.may_run(str(checkout / "exp.py"))
+    assert not policy.may_run(str(checkout / "site" / "lib.py"))  # installed code: types only
+    assert policy.may_import(str(checkout / "site" / "lib.py"))
+    assert not policy.may_run(str(checkout / "trees" / "x.py"))
+    assert not policy.may_import(str(checkout / "trees" / "x.py"))
+    assert not policy.may_import(str(sibling / "m.py"))
+    assert not TrustedCode(packages=[str(pkg)]).may_run(str(checkout / "exp.py"))
+    excluded_package = TrustedCode(packages=[str(pkg)], excluded=[str(pkg / "out")])
+    assert not excluded_package.may_run(str(pkg / "out" / "m.py"))
+    assert (
+        policy.describe_allowed()
+        == f"the trusted code ({os.path.realpath(pkg)}, {os.path.realpath(checkout)})"
+    )
+    assert TrustedCode().describe_allowed() == "trusted code (none is configured)"
+
+
+def test_names_are_resolved_strictly(monkeypatch):
+    policy = TrustedCode()
+    assert policy.resolve(f"{__name__}:Holder") is Holder
+    assert policy.resolve(f"{__name__}:WithStatic.helper") is WithStatic.helper
+    assert TrustedCode(aliases={"__main__": sys.modules[__name__]}).resolve("__main__:Holder") is Holder
+    refusals = {
+        5: "field 'f': 5 is not a `module:qualname` name",
+        "a:b:c": "field 'f': 'a:b:c' is not a `module:qualname` name",
+        "nocolon": "field 'f': 'nocolon' is not a `module:qualname` name",
+        f"{__name__}:no_steps.<locals>.g": f"field 'f': {__name__}:no_steps.<locals>.g is not importable "
+        "(defined inside a function)",
+        f"{__name__}:Holder.1x": f"field 'f': {__name__}:Holder.1x is not importable: bad name '1x'",
+        "__main__:x": "field 'f': __main__:x is not importable: it was defined in an experiment script (__main__) "
+        "that was not loaded",
+        "not-a-module:x": "field 'f': not-a-module:x is not importable: 'not-a-module' is not a module name",
+        "no_such_module_zz:x": "field 'f': no_such_module_zz:x is not importable: cannot import module "
+        "'no_such_module_zz': no module of that name is installed",
+        f"{__name__}:Missing": f"field 'f': {__name__}:Missing is not importable: '{__name__}' has no attribute 'Missing'",
+    }
+    for name, message in refusals.items():
+        with pytest.raises(TemplateError) as refused:
+            policy.resolve(name, "f")
+        assert str(refused.value) == message
+    monkeypatch.setitem(sys.modules, "blocked_module_zz", None)
+    with pytest.raises(TemplateError, match="module 'blocked_module_zz' is blocked from importing"):
+        policy.resolve("blocked_module_zz:x")
+
+
+def test_kinds_are_checked_with_a_description_of_what_was_found():
+    policy = TrustedCode()
+    cases = [
+        (
+            policy.dataclass_type,
+            "builtins:len",
+            "builtins:len is a builtin function, not a dataclass: refused",
+        ),
+        (policy.dataclass_type, f"{__name__}:Shade", f"the enum {__name__}:Shade, not a dataclass"),
+        (policy.enum_type, f"{__name__}:Holder", f"the dataclass {__name__}:Holder, not an Enum"),
+        (policy.enum_type, f"{__name__}:WithStatic", f"the class {__name__}:WithStatic, not an Enum"),
+        (policy.path_type, "os:path", "the module posixpath, not a pathlib path type"),
+        (policy.path_type, f"{__name__}:no_steps", f"a function ({__name__}:no_steps), not a pathlib"),
+        (
+            policy.path_type,
+            f"{__name__}:UP_STARTED_DOWN",
+            "a threading.Event object, not a pathlib path type",
+        ),
+    ]
+    for check, name, message in cases:
+        with pytest.raises(TemplateError) as refused:
+            check(name, "f")
+        assert message in str(refused.value)
+        assert str(refused.value).startswith(f"field 'f': {name} is ")
+    assert policy.path_type("pathlib:PurePosixPath") is PurePosixPath
+    assert policy.enum_type(f"{__name__}:Shade") is Shade
+    assert policy.dataclass_type(f"{__name__}:Holder") is Holder
