@@ -121,7 +121,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows = []
         for experiment in tree.experiments:
             outcomes = Counter((entry.get("outcome") or "?") for entry in experiment.steps)
-            commit = (experiment.git.get("commit") or "")[:8] + (
+            commit = str(experiment.git.get("commit") or "")[:8] + (
                 "+dirty" if experiment.git.get("dirty") else ""
             )
             rows.append(
@@ -175,9 +175,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"  description: {info['description']}")
     if others:
         print(f"  other versions: {', '.join(others)}")
-    run = info.get("run") or {}
+    run = _dict(info.get("run"))
     if run.get("git"):
-        git = run["git"]
+        git = _dict(run["git"])
         print(
             f"  git:         {git.get('commit')} {'(dirty)' if git.get('dirty') else ''} {git.get('root') or ''}".rstrip()
         )
@@ -185,14 +185,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"  experiment:  {run['experiment']}")
     print("\ninputs:")
     for dep in step.dependencies:
-        upstream = tree.by_path.get(dep.get("output_path"))
+        upstream = tree.by_path.get(str(dep.get("output_path")))
         status = upstream.status if upstream else "missing"
         blocking = "" if dep.get("blocking", True) else " (nonblocking)"
         print(f"  {dep.get('name')}: {dep.get('output_path')} [{status}]{blocking}")
     if not step.dependencies:
         print("  (none)")
     print("\nversion (what the hash covers):")
-    print(_indent(json.dumps(info.get("version", {}).get("config", {}), indent=2, sort_keys=True)))
+    print(_indent(json.dumps(_dict(_dict(info.get("version")).get("config")), indent=2, sort_keys=True)))
     print("\nconfig:")
     print(_indent(json.dumps(info.get("config", {}), indent=2, sort_keys=True)))
     print("\nstatus history:")
@@ -220,6 +220,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dict(value: object) -> dict:
+    """A recorded object, or {} when the (untrusted) tree holds something else there."""
+    return value if isinstance(value, dict) else {}
+
+
+def _strings(value: object) -> list[str]:
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
+
+
 def _indent(text: str, prefix: str = "  ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
@@ -245,19 +254,20 @@ def cmd_tree(args: argparse.Namespace) -> int:
     pairs = tree.experiment_steps(experiment)
     git = experiment.git
     print(
-        f"{experiment.id}  ran {experiment.created} ({iso_age(experiment.created)})  git {(git.get('commit') or '?')[:8]}"
+        f"{experiment.id}  ran {experiment.created} ({iso_age(experiment.created)})  git {str(git.get('commit') or '?')[:8]}"
     )
-    by_path = {entry["output_path"]: (entry, output) for entry, output in pairs if entry.get("output_path")}
+    by_path = {
+        entry["output_path"]: (entry, output)
+        for entry, output in pairs
+        if isinstance(entry.get("output_path"), str)
+    }
+    depends = {path: _strings(entry.get("dependencies")) for path, (entry, _) in by_path.items()}
     children: dict[str, list[str]] = {path: [] for path in by_path}
-    for path, (entry, _) in by_path.items():
-        for dep in entry.get("dependencies") or []:
+    for path, deps in depends.items():
+        for dep in deps:
             if dep in children:
                 children[dep].append(path)
-    roots = [
-        path
-        for path, (entry, _) in by_path.items()
-        if not [d for d in entry.get("dependencies") or [] if d in by_path]
-    ]
+    roots = [path for path, deps in depends.items() if not [d for d in deps if d in by_path]]
     shown: set[str] = set()
 
     def line(path: str, lead: str, branch: str) -> None:

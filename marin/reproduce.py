@@ -381,6 +381,13 @@ def is_internal(relpath: str) -> bool:
     return any(part.startswith(".") for part in relpath.split("/"))
 
 
+def _regular_inside(tree: OutputTree, path: str, local: str) -> bool:
+    try:
+        return not tree.leads_outside(path) and stat.S_ISREG(os.stat(local).st_mode)
+    except OSError:
+        return False
+
+
 def file_digests(
     tree: OutputTree,
     step: StepOutput,
@@ -399,8 +406,8 @@ def file_digests(
             continue
         path = f"{step.path}/{rel}"
         local = tree.store.local_path(path)
-        if local is not None and (tree.leads_outside(path) or not stat.S_ISREG(os.stat(local).st_mode)):
-            # A link out of the tree or a device/FIFO: compare what it is, never read it.
+        if local is not None and not _regular_inside(tree, path, local):
+            # A link out of the tree, a broken link or a device/FIFO: compare what it is, never read it.
             target = os.readlink(local) if os.path.islink(local) else "special file"
             digests[rel] = "not read: " + target
             continue

@@ -196,8 +196,10 @@ def test_git_is_not_run_in_a_recorded_directory(capsys, tree, tmp_path):
     hook = tmp_path / "hook.sh"
     hook.write_text(f"#!/bin/sh\ntouch {sentinel}\n")
     hook.chmod(0o755)
+    git = ["git", "-C", str(planted), "-c", "user.name=x", "-c", "user.email=x@example.com"]
     subprocess.run(["git", "init", "-q", str(planted)], check=True)
-    subprocess.run(["git", "-C", str(planted), "config", "core.fsmonitor", str(hook)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    subprocess.run([*git, "config", "core.fsmonitor", str(hook)], check=True)
     edit(tree, lambda record: record["run"].update(git={"root": str(planted), "commit": "0" * 40}))
     code, out, err = marin(
         capsys, "reproduce", "notes/first", "--prefix", tree, "--into", str(tmp_path / "again")
@@ -330,3 +332,19 @@ def test_reproduce_prefix_names_the_tree_and_the_old_usage_fails_helpfully(capsy
     assert code == 2 and "--from was removed" in err and "--into" in err
     code, _, err = marin(capsys, "reproduce", "notes/first", "--prefix", tree, "--into", tree + "/inside")
     assert code == 2 and "overlaps the tree" in err
+
+
+def test_malformed_records_read_as_empty_and_every_command_still_answers(capsys, tree):
+    step = note_dir(tree)
+    with open(info_path(step), "w") as handle:
+        json.dump({"name": 5, "version": [1], "run": "x", "dependencies": "abc", "config": 3}, handle)
+    with open(os.path.join(step, ".executor_status"), "w") as handle:
+        handle.write('[1, 2]\n{"status": "SUCCESS", "date": 7}\n')
+    manifest = OutputTree(tree).experiments[0].path
+    with open(manifest, "w") as handle:
+        json.dump({"steps": [7, {"output_path": ["x"], "dependencies": [[1]]}], "git": "x"}, handle)
+    for command in (["ls"], ["show", step], ["tree"], ["why", step], ["diff", step, step], ["gc"]):
+        code, out, err = marin(capsys, command[0], "--prefix", tree, *command[1:])
+        assert code == 0, (command, out, err)
+    code, out, _ = marin(capsys, "show", "--prefix", tree, step)
+    assert "is not a status history: not read" in out
