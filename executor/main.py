@@ -280,6 +280,8 @@ def _decoding_message(error) -> str:
     flag = ".".join(str(part) for part in error.key_path)
     detail = [line.strip() for line in str(error.message).splitlines() if line.strip()]
     reason = detail[-1] if detail else "invalid value"
+    if not flag:  # about the config as a whole, e.g. unknown keys in a --config_path file
+        return f"{reason} (see --help)"
     reason = reason.split(": ", 1)[-1] if reason.startswith(("int:", "float:", "bool:", "str:")) else reason
     fields = {field.name: field.type for field in dataclasses.fields(ExecutorMainConfig)}
     annotation = fields.get(flag)

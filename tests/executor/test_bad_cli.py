@@ -179,6 +179,22 @@ def test_a_bad_flag_is_one_usage_error_line(tmp_path, args, fragments):
 
 
 @pytest.mark.parametrize(
+    ("config_file", "fragments"),
+    [
+        ("max_concurrent: abc\n", ["--max_concurrent", "'abc'"]),
+        ("no_such_flag: 1\n", ["`no_such_flag`", "not valid"]),
+        ("prefix: [\n", ["cannot read the flags"]),
+        (None, ["cannot read the flags", "FileNotFoundError", "flags.yaml"]),
+    ],
+)
+def test_a_bad_config_file_is_one_usage_error_line(tmp_path, config_file, fragments):
+    if config_file is not None:
+        (tmp_path / "flags.yaml").write_text(config_file)
+    result = run_study(tmp_path, "--config_path", "flags.yaml", "--dry_run", "true")
+    error_line(result, 2, *fragments)
+
+
+@pytest.mark.parametrize(
     ("env", "fragment"),
     [
         ({"MARIN_LEASE_TIMEOUT": "abc"}, "MARIN_LEASE_TIMEOUT='abc' is not a number of seconds"),
