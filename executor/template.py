@@ -265,14 +265,6 @@ def _spec_locations(spec: Any) -> list[str]:
     return locations
 
 
-def import_qualified(name: str, field: str = "", modules: dict[str, Any] | None = None) -> Any:
-    """The object named `module:qualname` under the default policy (modules already imported).
-
-    `modules` maps module names to already-loaded modules (`__main__`: the experiment script).
-    """
-    return TrustedCode(aliases=modules).resolve(name, field)
-
-
 def encode_template(value: Any, output_path_of: Callable[[ExecutorStep], str], path: str = "") -> Any:
     """`value` (a declared config) as typed JSON; `output_path_of` names upstream steps."""
 

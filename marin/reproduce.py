@@ -360,15 +360,18 @@ def rebuild_steps(steps: list[StepOutput], old_prefix: str, policy: TrustedCode)
             calls.append(f"{step.name}: {name} ({role}), defined in {source}")
         description = info.get("description")
         groups = info.get("pip_dependency_groups")
-        built[step.path] = ExecutorStep(
-            name=str(info.get("name") or step.name),
-            fn=fn,
-            config=config,
-            description=description if isinstance(description, str) else None,
-            override_output_path=override,
-            pip_dependency_groups=groups if isinstance(groups, list) else None,
-            resources=info.get("resources"),
-        )
+        try:
+            built[step.path] = ExecutorStep(
+                name=str(info.get("name") or step.name),
+                fn=fn,
+                config=config,
+                description=description if isinstance(description, str) else None,
+                override_output_path=override,
+                pip_dependency_groups=groups if isinstance(groups, list) else None,
+                resources=info.get("resources"),
+            )
+        except (ValueError, TypeError) as error:
+            problems.append(f"{where}: {error}")
     if problems:
         raise ReproduceError(
             "cannot reproduce (nothing was run):\n" + "\n".join(f"  - {p}" for p in problems)

@@ -12,7 +12,7 @@ import pytest
 
 from executor import ExecutorStep, InputName, this_output_path, versioned
 from executor.graph import resolve
-from executor.template import TemplateError, TrustedCode, decode_template, encode_template, import_qualified
+from executor.template import TemplateError, TrustedCode, decode_template, encode_template
 
 
 class Mode(enum.Enum):
@@ -86,9 +86,9 @@ def test_unknown_types_are_refused_with_the_field():
     with pytest.raises(TemplateError, match="'input_path'.*socket.socket"):
         decode_template(record, lambda path: None)
     with pytest.raises(TemplateError, match="no_such_module"):
-        import_qualified("no_such_module.sub:thing", "fn")
+        TrustedCode().resolve("no_such_module.sub:thing", "fn")
     with pytest.raises(TemplateError, match="has no attribute 'Missing'"):
-        import_qualified(f"{__name__}:Missing")
+        TrustedCode().resolve(f"{__name__}:Missing")
     with pytest.raises(TemplateError, match="no longer accepts"):
         decode_template({"__dataclass__": f"{__name__}:Inner", "fields": {"depth": 1}}, lambda path: None)
 

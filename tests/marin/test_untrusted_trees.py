@@ -63,11 +63,11 @@ def set_text(template) -> callable:
     return lambda record: record["config_template"]["fields"].update(text=template)
 
 
-def reproduce_refused(capsys, tree: str, tmp_path, *needles: str) -> str:
+def reproduce_refused(capsys, tree: str, tmp_path, *needles: str, ref: str = "notes/first") -> str:
     """Run `marin reproduce` on the crafted tree; assert it refused before running anything."""
     into = tmp_path / "again"
     code, out, err = marin(
-        capsys, "reproduce", "notes/first", "--prefix", tree, "--into", str(into), "--allow-code-changes"
+        capsys, "reproduce", ref, "--prefix", tree, "--into", str(into), "--allow-code-changes"
     )
     assert code == 2, out + err
     for needle in needles:
@@ -348,3 +348,10 @@ def test_malformed_records_read_as_empty_and_every_command_still_answers(capsys,
         assert code == 0, (command, out, err)
     code, out, _ = marin(capsys, "show", "--prefix", tree, step)
     assert "is not a status history: not read" in out
+
+
+def test_a_step_name_that_climbs_out_of_the_new_prefix_is_refused(capsys, tree, tmp_path):
+    step = note_dir(tree)
+    info = edit(tree, lambda record: record.update(name="../../escaped"))
+    reproduce_refused(capsys, tree, tmp_path, info, "escaped", ref=step)
+    assert not (tmp_path / "escaped").exists() and not (tmp_path.parent / "escaped").exists()
