@@ -578,16 +578,21 @@ class OutputTree:
             return None
 
     def log_tail(self, step: StepOutput, max_bytes: int = 8192) -> str | None:
-        """The last `max_bytes` of the step's log, without reading it whole where possible."""
+        """The last `max_bytes` of the step's log, never reading more (nor a link out of the prefix)."""
         path = log_path(step.path)
         local = self.store.local_path(path)
         try:
             if local is not None:
-                with open(local, "rb") as handle:
+                if self.leads_outside(path):
+                    return f"(not read: {path} leads outside the prefix)" if os.path.lexists(local) else None
+                fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as handle:
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        return f"(not read: {path} is not a regular file)"
                     handle.seek(0, os.SEEK_END)
                     size = handle.tell()
                     handle.seek(max(0, size - max_bytes))
-                    data = handle.read()
+                    data = handle.read(max_bytes)
             else:
                 fs_path = self.store.fs_path(path)
                 size = self.store.fs.size(fs_path)

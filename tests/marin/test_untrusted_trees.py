@@ -355,3 +355,16 @@ def test_a_step_name_that_climbs_out_of_the_new_prefix_is_refused(capsys, tree, 
     info = edit(tree, lambda record: record.update(name="../../escaped"))
     reproduce_refused(capsys, tree, tmp_path, info, "escaped", ref=step)
     assert not (tmp_path / "escaped").exists() and not (tmp_path.parent / "escaped").exists()
+
+
+def test_a_log_that_is_a_device_or_a_link_out_is_not_read(capsys, tree):
+    log = os.path.join(note_dir(tree), ".executor_log")
+    if os.path.exists(log):
+        os.remove(log)
+    os.symlink("/dev/zero", log)
+    code, out, _ = marin(capsys, "show", "--prefix", tree, "notes/first")
+    assert code == 0 and "leads outside the prefix" in out
+    os.remove(log)
+    os.mkfifo(log)
+    code, out, _ = marin(capsys, "show", "--prefix", tree, "notes/first")
+    assert code == 0 and "is not a regular file" in out
