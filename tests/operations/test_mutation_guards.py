@@ -11,6 +11,7 @@ one process (`workers=1`) and without Levanter, so mutation testing can afford t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -20,9 +21,26 @@ import pytest
 
 import operations.tokenize as tokenize_module
 from operations.dedup import DedupConfig, deduplicate
-from operations.filter import FilterConfig, MaxDuplicateLineFraction, filter_documents
-from operations.shards import iter_documents, list_shards, shard_name, write_documents
-from operations.tokenize import TokenizeConfig, build_caches, cache_finished, split_documents
+from operations.filter import (
+    C4,
+    RULES,
+    AlphanumericRatio,
+    FilterConfig,
+    FineWeb,
+    Gopher,
+    GopherRepetition,
+    MaxDuplicateLineFraction,
+    MaxLength,
+    MaxLineLength,
+    MinLength,
+    SymbolRatio,
+    _sample_key,
+    filter_documents,
+    make_rule,
+    regex_word_tokenizer,
+)
+from operations.shards import iter_documents, shard_name, write_documents
+from operations.tokenize import TokenizeConfig, build_caches, cache_finished
 
 
 def prose(seed: int, count: int = 120) -> str:
@@ -216,16 +234,193 @@ def test_cache_finished_reads_the_ledger(tmp_path):
     assert cache_finished(os.path.dirname(finish(str(tmp_path / "finished"))))
 
 
-def test_a_second_split_rewrites_no_document_shard(tmp_path):
-    documents = [{"id": f"doc-{i}", "text": prose(i, 20)} for i in range(40)]
+def test_only_pending_splits_are_built_validation_first(tmp_path):
+    documents = [{"id": f"doc-{i}", "text": prose(i, 5)} for i in range(40)]
     source = write_corpus(tmp_path / "in", documents, shards=2)
-    config = TokenizeConfig(source, "unused", str(tmp_path / "out"), validation_fraction=0.2, workers=1)
-    first = split_documents(config)
-    shards = [
-        path
-        for split in ("train", "validation")
-        for path in list_shards(os.path.join(config.output_path, "documents", split))
+    config = TokenizeConfig(source, "unused", str(tmp_path / "out"), validation_fraction=0.3)
+    built: list[tuple[str, int]] = []
+
+    def build(split, split_source, cache_dir):
+        rows = sum(1 for _ in split_source)
+        built.append((split, rows))
+        os.makedirs(cache_dir, exist_ok=True)
+        with open(os.path.join(cache_dir, "shard_ledger.json"), "w") as handle:
+            json.dump({"is_finished": True, "total_num_rows": rows}, handle)
+
+    tokenize_module._build_splits(config, ["validation", "train"], build)
+    assert [split for split, _ in built] == ["validation", "train"]
+    assert sum(rows for _, rows in built) == 40 and all(rows > 0 for _, rows in built)
+    built.clear()
+    tokenize_module._build_splits(config, ["train"], build)
+    assert [split for split, _ in built] == ["train"]
+
+
+# -- filter: rule boundaries, counters and samples -----------------------------------------------
+
+
+def test_simple_rules_at_their_boundaries():
+    assert MinLength(min_chars=5).check({"text": "  abcd  "}) == "too_short"
+    assert MinLength(min_chars=5).check({"text": " abcde "}) is None
+    assert MaxLength(max_chars=5).check({"text": "abcde"}) is None
+    assert MaxLength(max_chars=5).check({"text": "abcdef"}) == "too_long"
+    assert MaxLineLength(max_chars=3).check({"text": "abc\nab"}) is None
+    assert MaxLineLength(max_chars=3).check({"text": "ab\nabcd"}) == "long_line"
+    assert MaxLineLength(max_chars=3).check({"text": ""}) is None
+    # One symbol (a snowman) among three characters: 1/3.
+    assert SymbolRatio(max_ratio=0.4).check({"text": "a b ☃"}) is None
+    assert SymbolRatio(max_ratio=0.3).check({"text": "a b ☃"}) == "high_symbol_ratio"
+    assert SymbolRatio(max_ratio=0.3).check({"text": " \n "}) == "empty"
+    assert AlphanumericRatio(min_ratio=0.5).check({"text": "ab !?"}) is None  # 2 of 4
+    assert AlphanumericRatio(min_ratio=0.6).check({"text": "ab !?"}) == "low_alphanumeric_ratio"
+    # Lines A A B C: one duplicate of four lines.
+    assert MaxDuplicateLineFraction(max_fraction=0.3).check({"text": "A\nA\nB\nC"}) is None
+    assert MaxDuplicateLineFraction(max_fraction=0.2).check({"text": "A\nA\nB\nC"}) == "duplicate_lines"
+
+
+def test_rules_are_made_by_their_registered_names():
+    assert make_rule("min_length", min_chars=3) == MinLength(min_chars=3)
+    assert RULES["max_duplicate_line_fraction"] is MaxDuplicateLineFraction
+    with pytest.raises(ValueError, match=r"unknown filter rule 'nope'; known rules: .*min_length"):
+        make_rule("nope")
+
+
+def test_a_rule_that_is_not_registered_is_refused_listing_the_known_ones(tmp_path):
+    config = FilterConfig(str(tmp_path), str(tmp_path / "out"), (MinLength(min_chars=1), "min_length"))
+    with pytest.raises(ValueError) as refused:
+        filter_documents(config)
+    assert str(refused.value).startswith(
+        "FilterConfig.rules[1] is 'min_length', not a registered rule; use one of alphanumeric_ratio, c4,"
+    )
+
+
+NON_DEFAULTS = {
+    "min_doc_words": 7,
+    "max_doc_words": 700,
+    "min_avg_word_length": 2,
+    "max_avg_word_length": 12,
+    "max_symbol_word_ratio": 0.33,
+    "max_bullet_lines_ratio": 0.44,
+    "max_ellipsis_lines_ratio": 0.55,
+    "max_non_alpha_words_ratio": 0.66,
+    "min_stop_words": 4,
+    "stop_words": ("le", "la"),
+    "dup_line_frac": 0.11,
+    "dup_para_frac": 0.12,
+    "dup_line_char_frac": 0.13,
+    "dup_para_char_frac": 0.14,
+    "top_n_grams": ((2, 0.3),),
+    "dup_n_grams": ((5, 0.2),),
+    "split_paragraph": False,
+    "remove_citations": False,
+    "filter_no_terminal_punct": False,
+    "min_num_sentences": 9,
+    "min_words_per_line": 8,
+    "max_word_length": 77,
+    "filter_lorem_ipsum": False,
+    "filter_javascript": False,
+    "filter_curly_bracket": False,
+    "filter_policy": False,
+    "line_punct_thr": 0.21,
+    "line_punct_exclude_zero": True,
+    "stop_chars": ("!",),
+    "short_line_thr": 0.5,
+    "short_line_length": 40,
+    "char_duplicates_ratio": 0.02,
+    "new_line_ratio": 0.4,
+}
+BLOCK_ATTRIBUTE = {"short_line_thr": "short_line_threshold"}
+
+
+@pytest.mark.parametrize("rule_class", [Gopher, GopherRepetition, C4, FineWeb], ids=lambda c: c.__name__)
+def test_datatrove_rules_pass_every_field_to_their_block(rule_class):
+    fields = {f.name: NON_DEFAULTS[f.name] for f in dataclasses.fields(rule_class) if f.name in NON_DEFAULTS}
+    block = rule_class(**fields).block()
+    for name, value in fields.items():
+        got = getattr(block, BLOCK_ATTRIBUTE.get(name, name))
+        if isinstance(value, tuple):
+            assert sorted(map(repr, got)) == sorted(map(repr, value)), name
+        else:
+            assert got == value, name
+    assert block.language is regex_word_tokenizer()
+
+
+def test_datatrove_rules_report_the_blocks_reason_and_keep_ids_and_metadata():
+    seen = {}
+
+    class Spy:
+        def filter(self, doc):
+            seen.update(id=doc.id, metadata=doc.metadata, text=doc.text)
+            doc.text = "rewritten"
+            return False, "spy_reason"
+
+    rule = C4()
+    rule_block = rule.block
+    try:
+        object.__setattr__(rule, "block", lambda: Spy())
+        check = rule.build()
+    finally:
+        object.__setattr__(rule, "block", rule_block)
+    document = {"id": 17, "text": "some text", "metadata": {"lang": "en"}}
+    assert check(document) == "spy_reason"
+    assert seen == {"id": "17", "metadata": {"lang": "en"}, "text": "some text"}
+    assert document["text"] == "some text"  # dropped: not rewritten
+    assert check({"id": 1, "text": "  \n "}) == "empty"
+
+
+def test_filter_stats_count_every_document_character_and_rule(tmp_path):
+    documents = [
+        {"id": "short", "text": "abc"},
+        {"id": "long", "text": "x" * 50},
+        {"id": "ok-1", "text": "hello world"},
+        {"id": "ok-2", "text": "hello again"},
     ]
-    before = {path: (os.stat(path).st_ino, os.stat(path).st_mtime_ns) for path in shards}
-    assert split_documents(config) == first
-    assert {path: (os.stat(path).st_ino, os.stat(path).st_mtime_ns) for path in shards} == before
+    source = write_corpus(tmp_path / "in", documents, shards=2)
+    out = str(tmp_path / "out")
+    filter_documents(
+        FilterConfig(
+            source, out, (MinLength(min_chars=5), MaxLength(max_chars=20)), sample_dropped=0, workers=1
+        )
+    )
+    result = stats(out)
+    assert result["documents"] == {"input": 4, "kept": 2, "dropped": 2}
+    assert result["chars"] == {"input": 3 + 50 + 11 + 11, "kept": 22}
+    assert result["rules"] == {
+        "min_length": {"checked": 4, "dropped": 1, "passed": 3, "reasons": {"too_short": 1}},
+        "max_length": {"checked": 3, "dropped": 1, "passed": 2, "reasons": {"too_long": 1}},
+    }
+    assert result["rule_order"] == ["min_length", "max_length"]
+    assert result["dropped_samples"] == []
+    assert result["shards"] == 2
+
+
+def test_dropped_samples_are_the_smallest_id_hashes_per_rule(tmp_path):
+    documents = [{"id": f"doc-{i}", "text": "x"} for i in range(30)]
+    source = write_corpus(tmp_path / "in", documents, shards=3)
+    out = str(tmp_path / "out")
+    filter_documents(
+        FilterConfig(source, out, (MinLength(min_chars=5),), sample_dropped=4, excerpt_chars=1, workers=1)
+    )
+    expected = sorted((d["id"] for d in documents), key=lambda i: (_sample_key(i), i))[:4]
+    samples = stats(out)["dropped_samples"]
+    assert [s["id"] for s in samples] == expected
+    assert samples[0] == {
+        "id": expected[0],
+        "rule": "min_length",
+        "reason": "too_short",
+        "chars": 1,
+        "excerpt": "x",
+    }
+    one = str(tmp_path / "one")
+    filter_documents(FilterConfig(source, one, (MinLength(min_chars=5),), sample_dropped=1, workers=1))
+    assert [s["id"] for s in stats(one)["dropped_samples"]] == expected[:1]
+
+
+def test_negative_sample_settings_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="FilterConfig.sample_dropped and excerpt_chars must be >= 0"):
+        filter_documents(
+            FilterConfig(str(tmp_path), str(tmp_path / "o"), (MinLength(min_chars=1),), sample_dropped=-1)
+        )
+    with pytest.raises(ValueError, match="FilterConfig.sample_dropped and excerpt_chars must be >= 0"):
+        filter_documents(
+            FilterConfig(str(tmp_path), str(tmp_path / "o"), (MinLength(min_chars=1),), excerpt_chars=-1)
+        )
