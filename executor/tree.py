@@ -236,11 +236,19 @@ def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None
     local = store.local_path(path)
     try:
         if local is None:
+            fs_path = store.fs_path(path)
             try:
-                data = store.fs.cat_file(store.fs_path(path), **({} if limit is None else {"start": -limit}))
+                if limit is None:
+                    return store.fs.cat_file(fs_path), True
+                data = store.fs.cat_file(fs_path, start=-limit)  # one suffix-range GET
             except (FileNotFoundError, NotADirectoryError):
                 return None, True
-            return data, limit is None or len(data) < limit
+            except OSError:
+                if limit is None:
+                    raise
+                # An empty object has no byte range to serve (S3 answers 416): read it whole.
+                return _read_tail(store, path, None)
+            return data, len(data) < limit
         try:
             fd = os.open(local, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
@@ -260,6 +268,8 @@ def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None
             os.close(fd)
     except IsADirectoryError:
         raise StatusFileError(path, "it is a directory, not a file") from None
+    except StoreError:
+        raise  # already names the file (the whole-file retry above)
     except OSError as error:
         raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
 

@@ -15,7 +15,7 @@ import pytest
 
 from executor import Executor, ExecutorStep, output_path_of, this_output_path, versioned
 from executor.plan import Action
-from executor.store import LocalStore, MemoryStore
+from executor.store import LocalStore, MemoryStore, open_store
 from executor.tree import (
     STATUS_MAX_LINE_BYTES,
     STATUS_TAIL_BYTES,
@@ -52,15 +52,20 @@ def write_status(store, output_path: str, data: bytes) -> str:
     return path
 
 
-@pytest.fixture(params=["local", "memory"])
+@pytest.fixture(params=["local", "memory", "s3"])
 def store_and_output(request, tmp_path):
+    """A step output directory on local disk, memory:// and a real S3 server (suffix-range reads)."""
     if request.param == "local":
         yield LocalStore(), str(tmp_path / "step-0123abcd")
-    else:
+    elif request.param == "memory":
         store = MemoryStore()
         output = f"memory://status-tests/{os.getpid()}/{request.node.name}/step-0123abcd"
         yield store, output
         store.delete_tree(output)
+    else:
+        request.getfixturevalue("s3_env")
+        output = request.getfixturevalue("s3_prefix") + "/step-0123abcd"
+        yield open_store(output), output
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
