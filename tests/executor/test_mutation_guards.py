@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import executor.graph
+import executor.main
 from executor import (
     Executor,
     ExecutorRunError,
@@ -894,3 +895,114 @@ def test_kinds_are_checked_with_a_description_of_what_was_found():
     assert policy.path_type("pathlib:PurePosixPath") is PurePosixPath
     assert policy.enum_type(f"{__name__}:Shade") is Shade
     assert policy.dataclass_type(f"{__name__}:Holder") is Holder
+
+
+# -- the command line, in this process (test_bad_cli.py runs the same cases in subprocesses) -----
+
+
+def abc_steps() -> list[ExecutorStep]:
+    a = write_step("a", 1)
+    b = ExecutorStep("b", write_value, WriteConfig(this_output_path(), versioned(2), [a], "b"))
+    return [a, b, write_step("c", 3)]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--max_concurrent", "abc"], ["--max_concurrent", "'abc'", "(expected a whole number)"]),
+        (["--max_concurrent", "0"], ["--max_concurrent must be at least 1, got 0"]),
+        (["--max_concurrent"], ["--max_concurrent", "expected one argument (see --help)"]),
+        (["--run_only", "["], ["--run_only: invalid regular expression '['"]),
+        (["--run_only=["], ["--run_only: invalid regular expression '['"]),
+        (["--run_only", '["a", "("]'], ["--run_only: invalid regular expression '('"]),
+        (["--run_only", "[1, 2]"], ["--run_only '[1, 2]': expected a regex or a JSON list of regexes"]),
+        (["--run_only", "nothing.*"], ["--run_only patterns (nothing.*) match no step", "a, b, c"]),
+        (["--dry_run", "maybe"], ["--dry_run", "'maybe'", "(expected true or false)"]),
+        (["--no_such_flag", "1"], ["unrecognized arguments: --no_such_flag 1 (see --help)"]),
+        (["--lease_timeout", "0"], ["--lease_timeout must be a positive number of seconds, got 0.0"]),
+        (["--lease_poll", "soon"], ["--lease_poll", "'soon'", "(expected a number of seconds)"]),
+        (
+            ["--lease_timeout", "5", "--lease_heartbeat", "5"],
+            ["--lease_heartbeat (5s) must be smaller than --lease_timeout (5s)"],
+        ),
+        (["--config_path", "/no/such/flags.yaml"], ["cannot read the flags", "FileNotFoundError"]),
+    ],
+)
+def test_bad_flags_exit_2_with_one_error_line(cli, capsys, args, fragments):
+    assert cli(abc_steps(), *args) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("error: ")
+    for fragment in fragments:
+        assert fragment in line
+    assert CALLS == {}
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"MARIN_LEASE_TIMEOUT": "abc"}, "MARIN_LEASE_TIMEOUT='abc' is not a number of seconds"),
+        ({"MARIN_LEASE_POLL": "-1"}, "MARIN_LEASE_POLL must be a positive number of seconds, got -1.0"),
+        (
+            {"MARIN_LEASE_HEARTBEAT": "100"},
+            "MARIN_LEASE_HEARTBEAT (100s) must be smaller than the default --lease_timeout (60s)",
+        ),
+        (
+            {"MARIN_LEASE_TIMEOUT": "5"},
+            "the default --lease_heartbeat (10s) must be smaller than MARIN_LEASE_TIMEOUT (5s)",
+        ),
+    ],
+)
+def test_bad_lease_variables_exit_2_naming_the_variable(cli, capsys, monkeypatch, env, fragment):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli(abc_steps(), "--dry_run", "true") == 2
+    assert f"error: {fragment}" in capsys.readouterr().err
+
+
+def test_run_only_flags_select_steps_in_every_spelling(cli):
+    assert cli(abc_steps(), "--run_only", "c") == 0
+    assert CALLS == {"c": 1}
+    assert cli(abc_steps(), "--run_only=b") == 0  # and its unfinished dependency a
+    assert CALLS == {"c": 1, "b": 1, "a": 1}
+    CALLS.clear()
+    assert cli(abc_steps(), "--run_only", '["[ab]"]', "--force_run_failed", "true") == 0
+    assert CALLS == {}  # a and b succeeded already
+
+
+def test_a_run_only_regex_starting_with_a_character_class_is_a_regex(cli):
+    assert cli(abc_steps(), "--run_only", "[c]") == 0
+    assert CALLS == {"c": 1}
+
+
+def test_lease_flags_and_variables_reach_the_executor(cli, monkeypatch):
+    captured = {}
+    real = executor.main.Executor
+
+    def spy(*args, **kwargs):
+        captured.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(executor.main, "Executor", spy)
+    monkeypatch.setenv("MARIN_LEASE_POLL", "0.25")
+    assert cli(abc_steps(), "--lease_timeout", "30", "--lease_heartbeat", "3", "--dry_run", "true") == 0
+    assert captured["lease_config"] == LeaseConfig(timeout=30.0, heartbeat_interval=3.0, poll_interval=0.25)
+
+
+def test_the_prefix_comes_from_the_flag_then_marin_prefix_then_the_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("MARIN_PREFIX", raising=False)
+    assert executor.main.resolve_prefix("/given") == "/given"
+    assert executor.main.resolve_prefix(None) == "./marin-output"
+    monkeypatch.setenv("MARIN_PREFIX", "/from/env")
+    assert executor.main.resolve_prefix(None) == "/from/env"
+    assert executor.main.resolve_prefix("/given") == "/given"
+
+
+def test_an_unknown_storage_scheme_exits_2_naming_the_url(cli, capsys, monkeypatch):
+    monkeypatch.setattr(
+        sys, "argv", ["experiment.py", "--prefix", "nosuchscheme://bucket/x", "--dry_run", "true"]
+    )
+    with pytest.raises(SystemExit) as exit_:
+        executor_main(abc_steps())
+    assert exit_.value.code == 2
+    assert "nosuchscheme://bucket/x" in capsys.readouterr().err
