@@ -27,6 +27,7 @@ import pytest
 
 import executor.graph
 import executor.main
+import executor.provenance as provenance
 from executor import (
     Executor,
     ExecutorRunError,
@@ -44,7 +45,7 @@ from executor import (
 from executor.console import ConsoleProgress
 from executor.diffing import FieldChange, diff_flat, diff_versions, flatten
 from executor.events import RunFinished, StepFailed, StepSkipped, StepStarted, StepSucceeded, StepWaiting
-from executor.fingerprint import UnencodableValueError, encode, sha256_hex
+from executor.fingerprint import UnencodableValueError, canonical_json, encode, sha256_hex
 from executor.lease import LeaseManager
 from executor.plan import Plan
 from executor.store import open_store
@@ -1006,3 +1007,112 @@ def test_an_unknown_storage_scheme_exits_2_naming_the_url(cli, capsys, monkeypat
         executor_main(abc_steps())
     assert exit_.value.code == 2
     assert "nosuchscheme://bucket/x" in capsys.readouterr().err
+
+
+# -- provenance: what an experiment manifest records ------------------------------------------------
+
+
+def git(cwd, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(
+        ["git", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        },
+    ).stdout.strip()
+
+
+def test_git_state_records_commit_branch_root_and_dirtiness(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    script = repo / "study.py"
+    script.write_text("print(1)\n")
+    git(repo, "add", "study.py")
+    git(repo, "commit", "-q", "-m", "one")
+    commit = git(repo, "rev-parse", "HEAD")
+    clean = provenance.git_state(str(script))
+    assert clean == {"commit": commit, "dirty": False, "branch": "main", "root": str(repo.resolve())}
+    assert provenance.git_state(str(repo)) == clean  # a directory works too
+    script.write_text("print(2)\n")
+    assert provenance.git_state(str(script))["dirty"] is True
+    (repo / "untracked.txt").write_text("x")
+    script.write_text("print(1)\n")
+    assert provenance.git_state(str(script))["dirty"] is False  # untracked files do not count
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    assert provenance.git_state(str(outside)) == {"commit": None, "dirty": None, "branch": None, "root": None}
+
+
+def test_package_versions_are_read_from_the_installed_distributions():
+    import importlib.metadata
+
+    versions = provenance.package_versions()
+    assert versions["pytest"] == importlib.metadata.version("pytest")
+    assert versions["typing-extensions"] == importlib.metadata.version("typing_extensions")
+    assert list(versions) == sorted(versions)
+
+
+def test_collect_provenance_describes_this_process(tmp_path):
+    record = provenance.collect_provenance(str(tmp_path / "study.py"))
+    assert record["caller_path"] == str(tmp_path / "study.py")
+    assert record["command_line"] == sys.argv
+    assert record["cwd"] == os.getcwd()
+    assert record["host"] == os.uname().nodename
+    assert record["python"] == sys.version.split()[0]
+    assert record["git"]["commit"] is None
+    assert "pytest" in record["packages"]
+    assert set(record) == {
+        "caller_path",
+        "command_line",
+        "cwd",
+        "user",
+        "host",
+        "git",
+        "python",
+        "platform",
+        "packages",
+    }
+
+
+def test_the_experiment_manifest_is_named_after_the_script_and_the_step_versions(tmp_path):
+    graph = executor.graph.resolve([write_step("a", 1), write_step("b", 2)], str(tmp_path))
+    digest = provenance.experiment_hash(graph)
+    assert digest == sha256_hex(canonical_json(sorted(s.version_hash for s in graph.steps)))[:8]
+    assert provenance.experiment_info_path("/base", "/x/y/study.py", graph) == f"/base/study-{digest}.json"
+    assert provenance.experiment_info_path("/base", None, graph) == f"/base/interactive-{digest}.json"
+    again = executor.graph.resolve([write_step("b", 2), write_step("a", 1)], "memory://elsewhere")
+    assert provenance.experiment_hash(again) == digest
+
+
+def test_the_manifest_records_each_step_and_its_outcome(tmp_path):
+    run = Executor(str(tmp_path), console=False, description="the study")
+    run.run(abc_steps())
+    manifest = json.loads(Path(run.executor_info_path).read_text())
+    assert manifest["description"] == "the study"
+    assert manifest["prefix"] == str(tmp_path)
+    assert manifest["finished_date"] >= manifest["created_date"]
+    steps = {step["name"]: step for step in manifest["steps"]}
+    b = run.graph.by_path[run.output_paths[run.steps[1]]]
+    assert steps["b"] == {
+        "name": "b",
+        "output_path": b.output_path,
+        "version_hash": b.version_hash,
+        "fn_name": "tests.executor.steps_for_tests:write_value",
+        "dependencies": [run.output_paths[run.steps[0]]],
+        "outcome": "succeeded",
+    }
+    assert {name: step["outcome"] for name, step in steps.items()} == {
+        "a": "succeeded",
+        "b": "succeeded",
+        "c": "succeeded",
+    }
