@@ -13,7 +13,9 @@ Two DAG shapes, each at every size N:
 Step functions are trivial (each makes its output directory and writes one tiny file
 there), so every figure is executor overhead. Medians of --repeats rounds; within a
 round the executor and its floor run one after the other (order alternating between
-rounds), so drift on a shared machine hits both alike.
+rounds), so drift on a shared machine hits both alike. Every timed cold run starts after
+`os.sync()`, and a DAG's prefixes are deleted only after its last measurement (on a disk
+mounted with `discard`, deleting a prefix slows the runs that follow).
 
 In-process (the executor's own work, interpreter start-up and imports excluded):
 
@@ -420,8 +422,10 @@ def write_scripts(directory: str) -> tuple[str, str]:
     return experiment, floor
 
 
-def wall(command: list[str], env: dict[str, str] | None = None) -> float:
-    """Wall time of one process, spawn to exit (stdout discarded)."""
+def wall(command: list[str], env: dict[str, str] | None = None, sync: bool = False) -> float:
+    """Wall time of one process, spawn to exit (stdout discarded); after os.sync() if `sync`."""
+    if sync:
+        os.sync()
     start = time.perf_counter()
     result = subprocess.run(
         command,
@@ -551,21 +555,26 @@ def measure(
     remove(empty, made)
     log(f"{label}: plan (dry run) {fmt_list(plan)}")
 
+    # Cold runs on a disk are at the mercy of the previous run's writeback and, on a disk
+    # mounted with `discard`, of deletions: every timed cold run starts after os.sync(), and
+    # the prefixes are deleted only after the last measurement of this DAG.
     cold, cold_floor, whole_cold, whole_cold_floor = [], [], [], []
     prefix = floor_prefix = whole_prefix = whole_floor_prefix = None
+    rounds: list[str] = []
     for attempt in range(1 if size >= args.cold_once_from else repeats):
-        for path in (prefix, floor_prefix, whole_prefix, whole_floor_prefix):
-            remove(path, made)
         prefix = new_prefix(args.tmp_dir, f"{shape}-{size}", made)
         floor_prefix = new_prefix(args.tmp_dir, f"floor-{shape}-{size}", made)
+        rounds += [prefix, floor_prefix]
 
         def ours(prefix=prefix):
             executor = Executor(prefix, console=False, listeners=[Progress(f"{label} cold", size)])
+            os.sync()
             start = time.perf_counter()
             executor.run(steps)
             cold.append(time.perf_counter() - start)
 
         def floor(floor_prefix=floor_prefix):
+            os.sync()
             cold_floor.append(floor_cold(steps, floor_prefix))
 
         for run in (ours, floor) if attempt % 2 == 0 else (floor, ours):
@@ -573,12 +582,13 @@ def measure(
         if whole:
             whole_prefix = new_prefix(args.tmp_dir, f"whole-{shape}-{size}", made)
             whole_floor_prefix = new_prefix(args.tmp_dir, f"whole-floor-{shape}-{size}", made)
+            rounds += [whole_prefix, whole_floor_prefix]
             pair = [
                 lambda p=whole_prefix: whole_cold.append(
-                    wall([sys.executable, experiment], experiment_env(shape, size, p))
+                    wall([sys.executable, experiment], experiment_env(shape, size, p), sync=True)
                 ),
                 lambda p=whole_floor_prefix: whole_cold_floor.append(
-                    wall([sys.executable, floor_script, "cold", shape, str(size), p])
+                    wall([sys.executable, floor_script, "cold", shape, str(size), p], sync=True)
                 ),
             ]
             for run in pair if attempt % 2 == 0 else pair[::-1]:
@@ -620,7 +630,7 @@ def measure(
     if args.keep:
         log(f"{label}: keeping {prefix}")
         made.remove(prefix)
-    for path in (prefix, floor_prefix, whole_prefix, whole_floor_prefix):
+    for path in rounds:
         if path in made:
             remove(path, made)
     return Row(
