@@ -1,38 +1,47 @@
-"""Tokenize throughput: our tokenize operation (Levanter's cache builder) vs raw `tokenizers`.
+"""Tokenize throughput: our tokenize operation (Levanter's cache builder) vs raw `tokenizers` on the same texts.
 
     .venv/bin/python bench/tokenize_bench.py                  # stdlib corpus x2 (~63 MB)
-    .venv/bin/python bench/tokenize_bench.py --repeat 1 --no-ray
+    .venv/bin/python bench/tokenize_bench.py --repeat 1 --runs 5 --no-ray
 
 Standalone it builds documents from the running Python's standard library (~1,800 .py
 files, ~31 MB; `--repeat` copies it under new ids for a larger input), trains a tokenizer
-with `operations.tokenizer`, then `run_tokenize_vs_raw` measures, on the same texts:
+with `operations.tokenizer`, then `run_tokenize_vs_raw` measures, in one process, on the
+same texts (every non-empty document):
 
-- raw: `tokenizers.Tokenizer.encode_batch` over the document texts (in memory, batches of
-  1,024 documents; reading the documents is not timed) -- the reference of the ratio;
-- raw fast: the same with `encode_batch_fast` (no character offsets), the call our
-  default builder makes: a stricter reference, reported beside it;
-- ours: `operations.tokenize` end to end with its default builder (on a machine not
-  connected to Ray: Levanter's shard-group loop in this process), timed phase by phase --
-  importing Levanter, splitting the documents, building both caches, writing stats.json
-  (`tokenize(config)` is exactly the last three);
-- ours with builder="ray" (unless `ray=False`): Levanter's Ray cache builder, with Ray's
-  start-up timed separately (zero when this process already has Ray).
+- raw fast: `tokenizers.Tokenizer.encode_batch_fast` (no character offsets) over the texts
+  held in memory, in batches of 128 and of 1,024 documents; the faster of the two in each
+  round is the reference (reading the documents is not timed on this side);
+- raw: `encode_batch` (with offsets, what transformers asks for), for reference only;
+- ours: `operations.tokenize.tokenize(config)` end to end with its default builder (on a
+  machine not connected to Ray: Levanter's shard-group loop in this process): reading the
+  input shards, the split, tokenizing, writing both caches and stats.json;
+- importing Levanter (JAX, Haliax, transformers) once per process: reported apart, and in a
+  second ratio;
+- ours with builder="ray" (unless `ray=False`): Levanter's Ray cache builder with its own
+  processor, Ray's start-up timed separately.
 
-Tokens/s on each side use that side's own token count (ours includes the bos/eos
-Levanter adds to each document: ~0.1% more). The last lines are machine-readable:
-`tokenize_vs_raw=R` (default builder, end to end), `tokenize_vs_raw_fast=R` (the same over
-raw `encode_batch_fast`), `tokenize_vs_raw_ray=R` (Ray builder, Ray start-up included) and
-`tokenize_vs_raw_ray_up=R` (Ray builder, Ray already running).
+Both sides encode with the same `tokenizers` Rust thread pool (RAYON_NUM_THREADS, default
+one thread per core). For each side the bench records wall seconds, CPU seconds of the
+process (all threads) and the threads that ran: the process's threads whose CPU time grew
+by more than 2% of the wall time (from /proc/self/task).
+
+Rounds alternate which side goes first, so a change in the load of a shared machine hits
+both sides of a round alike; ratios are medians of the per-round ratios. The last lines are
+machine-readable: `tokenize_vs_fast=R` (raw encode_batch_fast seconds / our seconds,
+imports apart: the headline), `tokenize_vs_fast_with_import=R`, `tokenize_vs_fast_cpu=R`
+(the same with CPU seconds) and, with Ray, `tokenize_vs_fast_ray=R` (Ray start-up included).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import pathlib
 import shutil
 import statistics
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -43,7 +52,32 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from operations.shards import iter_documents, shard_name, write_documents  # noqa: E402
 
-RAW_BATCH = 1024
+RAW_BATCHES = (128, 1024)
+
+
+def _thread_cpu() -> dict[int, float]:
+    """CPU seconds of each thread of this process (Linux /proc; empty elsewhere)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    times = {}
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        times[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return times
+
+
+def measure(fn, *args) -> tuple[Any, dict[str, float]]:
+    """Run fn(*args); return its value and wall seconds, process CPU seconds and busy threads."""
+    before = _thread_cpu()
+    wall, cpu = time.perf_counter(), time.process_time()
+    value = fn(*args)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    after = _thread_cpu()
+    busy = sum(1 for tid, seconds in after.items() if seconds - before.get(tid, 0.0) > 0.02 * wall)
+    return value, {"s": wall, "cpu_s": cpu, "threads": busy}
 
 
 def build_stdlib_documents(output_dir: str, *, repeat: int = 1, shards: int = 8) -> dict[str, int]:
@@ -66,13 +100,9 @@ def build_stdlib_documents(output_dir: str, *, repeat: int = 1, shards: int = 8)
 def run_tokenize_vs_raw(
     documents_dir: str, tokenizer_dir: str, work_dir: str, *, ray: bool = False, runs: int = 3
 ) -> dict:
-    """Tokens/s of our tokenize operation and of raw encode_batch on the same texts, and their ratio.
+    """Seconds, CPU seconds and threads of raw encode_batch(_fast) and of our tokenize; their ratios.
 
-    `runs` rounds, each timing raw encode_batch, raw encode_batch_fast and ours back to back
-    (which side goes first alternates), so a change in the load of a shared machine hits both
-    sides of a round alike; the ratio is the median of the rounds' ratios, the other figures
-    are medians too (`ratios` lists every round's). Levanter is imported once, in the first
-    round; its import time is charged to ours in every round.
+    See the module docstring. Levanter is imported once, before the first round, and timed.
     """
     from tokenizers import Tokenizer
 
@@ -80,117 +110,140 @@ def run_tokenize_vs_raw(
     texts = [doc["text"] for doc in iter_documents(documents_dir) if doc["text"].strip()]
     result: dict[str, Any] = {
         "cores": os.cpu_count(),
+        "rayon_threads": os.environ.get("RAYON_NUM_THREADS", f"unset (= {os.cpu_count()} cores)"),
         "documents": len(texts),
         "megabytes": round(sum(len(text.encode()) for text in texts) / 1e6, 1),
         "runs": runs,
     }
     raw = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
 
-    def encode_all(encode) -> tuple[int, float]:
-        started = time.perf_counter()
+    def encode_all(encode, batch: int) -> int:
         tokens = 0
-        for start in range(0, len(texts), RAW_BATCH):
-            tokens += sum(len(encoding.ids) for encoding in encode(texts[start : start + RAW_BATCH]))
-        return tokens, time.perf_counter() - started
+        for start in range(0, len(texts), batch):
+            tokens += sum(len(encoding.ids) for encoding in encode(texts[start : start + batch]))
+        return tokens
 
-    import_s = None
-
-    def run_ours() -> dict[str, Any]:
-        nonlocal import_s
-        if import_s is None:
-            # Importing Levanter (JAX, Haliax, transformers) is a cost of the first tokenize in a process.
-            started = time.perf_counter()
-            import levanter.data.text  # noqa: F401
-
-            import_s = time.perf_counter() - started
-        return _run_ours(documents_dir, tokenizer_dir, os.path.join(work_dir, "default"), "auto")
+    # Importing Levanter (JAX, Haliax, transformers) is a cost of the first tokenize in a process.
+    _, imported = measure(importlib.import_module, "levanter.data.text")
+    result["import"] = imported
 
     rounds = []
     for index in range(runs):
-        if index % 2:
-            ours = run_ours()
-        raw_tokens, raw_s = encode_all(raw.encode_batch)
-        raw_fast_tokens, raw_fast_s = encode_all(raw.encode_batch_fast)
-        if not index % 2:
-            ours = run_ours()
-        total_s = import_s + ours["op_s"]
-        rounds.append(
-            dict(
-                ours,
-                raw_tokens=raw_tokens,
-                raw_s=raw_s,
-                raw_fast_s=raw_fast_s,
-                raw_tokens_per_s=raw_tokens / raw_s,
-                raw_fast_tokens_per_s=raw_fast_tokens / raw_fast_s,
-                total_s=total_s,
-                ours_tokens_per_s=ours["tokens"] / total_s,
-                ratio=ours["tokens"] / total_s / (raw_tokens / raw_s),
-                ratio_fast=ours["tokens"] / total_s / (raw_fast_tokens / raw_fast_s),
-            )
-        )
+        round_: dict[str, Any] = {}
 
-    result["import_s"] = round(import_s, 2)
-    for name, value in rounds[0].items():
-        if isinstance(value, float):
-            median = statistics.median(round_[name] for round_ in rounds)
-            result[name] = median if name.endswith("per_s") or name.startswith("ratio") else round(median, 2)
-        else:
-            result[name] = value
-    result["ratios"] = [round(round_["ratio"], 3) for round_ in rounds]
+        def run_raw(round_: dict[str, Any] = round_) -> None:
+            for batch in RAW_BATCHES:
+                round_["raw_tokens"], round_[f"fast_{batch}"] = measure(
+                    encode_all, raw.encode_batch_fast, batch
+                )
+            _, round_["offsets"] = measure(encode_all, raw.encode_batch, RAW_BATCHES[-1])
+
+        def run_ours(round_: dict[str, Any] = round_) -> None:
+            tokens, round_["ours"] = measure(_run_ours, documents_dir, tokenizer_dir, work_dir, "auto")
+            round_["ours_tokens"] = tokens
+
+        for step in (run_raw, run_ours) if index % 2 == 0 else (run_ours, run_raw):
+            step()
+        round_["fast"] = min((round_[f"fast_{batch}"] for batch in RAW_BATCHES), key=lambda m: m["s"])
+        round_["ratio"] = round_["fast"]["s"] / round_["ours"]["s"]
+        round_["ratio_with_import"] = round_["fast"]["s"] / (round_["ours"]["s"] + imported["s"])
+        round_["ratio_cpu"] = round_["fast"]["cpu_s"] / round_["ours"]["cpu_s"]
+        round_["ratio_offsets"] = round_["offsets"]["s"] / round_["ours"]["s"]
+        rounds.append(round_)
+
+    def median_of(side: str, field: str) -> float:
+        return statistics.median(round_[side][field] for round_ in rounds)
+
+    for side in ("fast", "fast_128", "fast_1024", "offsets", "ours"):
+        result[side] = {field: round(median_of(side, field), 2) for field in ("s", "cpu_s", "threads")}
+    result["tokens"] = {"raw": rounds[0]["raw_tokens"], "ours": rounds[0]["ours_tokens"]}
+    for name in ("ratio", "ratio_with_import", "ratio_cpu", "ratio_offsets"):
+        result[name] = round(statistics.median(round_[name] for round_ in rounds), 3)
     result["rounds"] = [
         {
-            name: round(value, 3)
-            for name, value in round_.items()
-            if name.endswith("_s") or name.startswith("ratio")
+            "fast_s": round(r["fast"]["s"], 2),
+            "fast_batch": next(b for b in RAW_BATCHES if r[f"fast_{b}"] is r["fast"]),
+            "ours_s": round(r["ours"]["s"], 2),
+            "fast_cpu_s": round(r["fast"]["cpu_s"], 2),
+            "ours_cpu_s": round(r["ours"]["cpu_s"], 2),
+            "ratio": round(r["ratio"], 3),
         }
-        for round_ in rounds
+        for r in rounds
     ]
-    raw_tokens_per_s = result["raw_tokens_per_s"]
     if ray:
-        with_ray = _run_ours(documents_dir, tokenizer_dir, os.path.join(work_dir, "ray"), "ray")
-        result.update({f"ray_{name}": value for name, value in with_ray.items()})
-        ray_total_s = import_s + with_ray["ray_start_s"] + with_ray["op_s"]
-        result["ray_total_s"] = round(ray_total_s, 2)
-        result["ratio_ray"] = with_ray["tokens"] / ray_total_s / raw_tokens_per_s
-        result["ratio_ray_up"] = with_ray["tokens"] / with_ray["op_s"] / raw_tokens_per_s
+        from operations.tokenize import ensure_ray
+
+        _, started = measure(ensure_ray)
+        _, with_ray = measure(_run_ours, documents_dir, tokenizer_dir, os.path.join(work_dir, "ray"), "ray")
+        result["ray_start"], result["ray"] = started, with_ray
+        result["ratio_ray"] = round(result["fast"]["s"] / (started["s"] + with_ray["s"]), 3)
     return result
 
 
-def _run_ours(documents_dir: str, tokenizer_dir: str, output: str, builder: str) -> dict[str, Any]:
-    """Our operation, phase by phase; `tokenize(config)` is split + caches + stats."""
-    from operations.tokenize import (
-        TokenizeConfig,
-        build_caches,
-        ensure_ray,
-        ray_connected,
-        split_documents,
-        write_tokenize_stats,
-    )
+def _run_ours(documents_dir: str, tokenizer_dir: str, work_dir: str, builder: str) -> int:
+    """`tokenize(config)` into a fresh directory; returns the tokens it wrote (bos/eos included)."""
+    from operations.tokenize import TokenizeConfig, tokenize
 
-    phases: dict[str, float] = {}
-
-    def timed(name: str, fn, *args):
-        begin = time.perf_counter()
-        value = fn(*args)
-        phases[name] = time.perf_counter() - begin
-        return value
-
+    output = os.path.join(work_dir, builder)
     shutil.rmtree(output, ignore_errors=True)
-    config = TokenizeConfig(
-        input_path=documents_dir, tokenizer=tokenizer_dir, output_path=output, builder=builder
+    tokenize(
+        TokenizeConfig(input_path=documents_dir, tokenizer=tokenizer_dir, output_path=output, builder=builder)
     )
-    if builder == "ray":
-        timed("ray_start_s", ensure_ray)
-    per_shard = timed("split_s", split_documents, config)
-    effective = "ray" if builder == "ray" or ray_connected() else "in_process"
-    timed("caches_s", build_caches, config)
-    timed("stats_s", write_tokenize_stats, config, per_shard)
     with open(os.path.join(output, "stats.json")) as handle:
-        tokens = json.load(handle)["tokens"]
-    result: dict[str, Any] = {name: round(seconds, 2) for name, seconds in phases.items()}
-    op_s = phases["split_s"] + phases["caches_s"] + phases["stats_s"]
-    result.update(builder=effective, tokens=tokens, op_s=round(op_s, 2))
-    return result
+        return json.load(handle)["tokens"]
+
+
+def format_table(result: dict[str, Any], commit: str) -> str:
+    """A markdown table of the medians, with the commit and the rounds."""
+    lines = [
+        f"commit {commit}; {result['documents']} documents, {result['megabytes']} MB, "
+        f"{result['cores']} cores, RAYON_NUM_THREADS {result['rayon_threads']}; medians of {result['runs']} rounds",
+        "",
+        "| side | seconds | CPU seconds | threads that ran | raw fast s / this s |",
+        "|---|---|---|---|---|",
+    ]
+    rows = [
+        ("raw encode_batch_fast, best batch (reference)", result["fast"]),
+        ("raw encode_batch_fast, batches of 128", result["fast_128"]),
+        ("raw encode_batch_fast, batches of 1,024", result["fast_1024"]),
+        ("raw encode_batch (offsets), batches of 1,024", result["offsets"]),
+        ("ours: tokenize(config), imports apart", result["ours"]),
+        ("importing Levanter (once per process)", result["import"]),
+    ]
+    for name, m in rows:
+        ratio = f"{result['fast']['s'] / m['s']:.3f}" if m is not result["import"] else "--"
+        lines.append(f"| {name} | {m['s']:.2f} | {m['cpu_s']:.2f} | {m['threads']:g} | {ratio} |")
+    lines += [
+        "",
+        f"tokens: raw {result['tokens']['raw']:,}, ours {result['tokens']['ours']:,} (bos/eos per document)",
+        "rounds (raw fast s, ours s, ratio): "
+        + ", ".join(f"({r['fast_s']}, {r['ours_s']}, {r['ratio']})" for r in result["rounds"]),
+    ]
+    if "ray" in result:
+        lines.append(
+            f"ours with builder='ray': {result['ray']['s']:.2f} s + Ray start {result['ray_start']['s']:.2f} s"
+        )
+    return "\n".join(lines)
+
+
+def print_ratios(result: dict[str, Any]) -> None:
+    print(f"tokenize_vs_fast_with_import={result['ratio_with_import']:.3f}")
+    print(f"tokenize_vs_fast_cpu={result['ratio_cpu']:.3f}")
+    if "ratio_ray" in result:
+        print(f"tokenize_vs_fast_ray={result['ratio_ray']:.3f}")
+    print(f"tokenize_vs_fast={result['ratio']:.3f}")
+
+
+def commit() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "operations", "bench"],
+        cwd=here,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main() -> None:
@@ -224,30 +277,11 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
 
     print(
-        f"\ncorpus: {corpus['documents']} documents, {corpus['bytes'] / 1e6:.1f} MB; {result['cores']} cores"
+        f"\ncorpus: {corpus['documents']} documents, {corpus['bytes'] / 1e6:.1f} MB; tokenizer training {train_s:.1f} s"
     )
-    print(f"tokenizer training: {train_s:.1f} s")
     print(json.dumps(result, indent=2))
-    print(f"raw encode_batch: {result['raw_tokens_per_s']:,.0f} tokens/s ({result['raw_s']} s)")
-    print(
-        f"raw encode_batch_fast: {result['raw_fast_tokens_per_s']:,.0f} tokens/s ({result['raw_fast_s']} s)"
-    )
-    print(
-        f"ours ({result['builder']}): {result['ours_tokens_per_s']:,.0f} tokens/s ({result['total_s']} s = import "
-        f"{result['import_s']} + split {result['split_s']} + caches {result['caches_s']} + stats {result['stats_s']})"
-    )
-    if "ratio_ray" in result:
-        print(
-            f"ours (ray): {result['ray_total_s']} s = import {result['import_s']} + Ray start "
-            f"{result['ray_ray_start_s']} + split {result['ray_split_s']} + caches {result['ray_caches_s']} "
-            f"+ stats {result['ray_stats_s']}"
-        )
-    print(f"rounds: tokenize_vs_raw {result['ratios']} (medians above)")
-    print(f"tokenize_vs_raw={result['ratio']:.3f}")
-    print(f"tokenize_vs_raw_fast={result['ratio_fast']:.3f}")
-    if "ratio_ray" in result:
-        print(f"tokenize_vs_raw_ray={result['ratio_ray']:.3f}")
-        print(f"tokenize_vs_raw_ray_up={result['ratio_ray_up']:.3f}")
+    print(format_table(result, commit()))
+    print_ratios(result)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ The step runs in three passes, each one resumable after a crash:
    with its predecessor); verify; connected components (keeping the smallest index).
    Memory: the hashes and band keys of all documents (16 + 8 * num_bands bytes each),
    plus the signatures of candidate documents only. Results:
-   `.dedup_work/removals/shard-NNNNN.npz` and `.dedup_work/clusters.json`;
+   `.dedup_work/removals/shard-NNNNN.npz` (the removed positions of each shard, and the
+   (shard, position) of the document each one gave way to) and `.dedup_work/clusters.json`;
 3. filtering, per shard in parallel (`map_shards`): output shard i holds the kept
    documents of input shard i, in input order, written byte-identically on every run.
 
@@ -523,10 +524,20 @@ def _cluster(config: DedupConfig, sig_files: list[str], counts: list[int], work:
 
     for shard in range(len(sig_files)):
         low, high = offsets[shard], offsets[shard + 1]
-        mine = removed[(removed >= low) & (removed < high)] - low
+        mine = removed[(removed >= low) & (removed < high)]
+        kept = labels[mine]
+        kept_shard = np.searchsorted(offsets, kept, side="right") - 1
         excerpt = np.array(sorted(i - low for i in sample_positions if low <= i < high), dtype=np.int64)
         with atomic_output(_removal_path(work, shard)) as handle:
-            np.savez(handle, removed=mine.astype(np.int64), excerpt=excerpt, documents=high - low)
+            np.savez(
+                handle,
+                removed=(mine - low).astype(np.int64),
+                # The document each removed one was clustered with and gave way to.
+                kept_shard=kept_shard.astype(np.int64),
+                kept_position=(kept - offsets[kept_shard]).astype(np.int64),
+                excerpt=excerpt,
+                documents=high - low,
+            )
 
     summary.update(
         documents_in=total,

@@ -81,6 +81,20 @@ def test_keeps_the_first_of_each_cluster_across_shards(corpus, tmp_path):
     ]
 
 
+def test_removal_files_name_the_document_each_removed_one_gave_way_to(corpus, tmp_path):
+    out = str(tmp_path / "out")
+    deduplicate(DedupConfig(input_path=corpus, output_path=out, workers=1))
+    ids = [[d["id"] for d in shard] for shard in CORPUS]
+    gave_way = {}
+    for shard in range(len(CORPUS)):
+        with np.load(os.path.join(out, ".dedup_work", "removals", shard_name(shard, ".npz"))) as removals:
+            for position, kept_shard, kept_position in zip(
+                removals["removed"], removals["kept_shard"], removals["kept_position"], strict=True
+            ):
+                gave_way[ids[shard][position]] = ids[kept_shard][kept_position]
+    assert gave_way == {"n-near-1": "n", "a-upper": "a", "a-again": "a", "n-near-2": "n"}
+
+
 def test_the_earliest_shard_and_position_wins_even_when_it_is_the_copy(tmp_path):
     original, copy = text(7), changed(text(7), [5, 60], "z")
     corpus = write_shards(
