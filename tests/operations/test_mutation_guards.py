@@ -19,6 +19,7 @@ import string
 
 import pytest
 
+import operations.dedup as dedup_module
 import operations.tokenize as tokenize_module
 from operations.dedup import DedupConfig, deduplicate
 from operations.filter import (
@@ -424,3 +425,84 @@ def test_negative_sample_settings_are_refused(tmp_path):
         filter_documents(
             FilterConfig(str(tmp_path), str(tmp_path / "o"), (MinLength(min_chars=1),), excerpt_chars=-1)
         )
+
+
+# -- dedup: stable hashes, exact stats, config checks ---------------------------------------------
+
+
+def test_dedup_hashes_are_pinned_so_they_stay_stable_across_machines_and_versions():
+    # The module promises hashes that never change (splitmix64 seeds, xxh3, fmix64): a
+    # change would silently make old signatures incomparable with new ones.
+    assert dedup_module._splitmix64(1, 3).tolist() == [
+        10451216379200822465,
+        13757245211066428519,
+        17911839290282890590,
+    ]
+    hashers = dedup_module._hashers(7, 4, 3, 2)
+    elements, lengths = dedup_module._element_hashes(["the quick brown fox jumps", "a b", ""], "word")
+    shingles, per_document = dedup_module._shingles(elements, lengths, hashers)
+    assert per_document.tolist() == [3, 1, 0]
+    signatures = dedup_module._minhash(shingles, per_document, hashers)
+    assert signatures.tolist() == [
+        [627373554, 1963852143, 541027824, 690828579],
+        [3658039648, 1850531247, 3475853225, 1707494939],
+        [4294967295, 4294967295, 4294967295, 4294967295],  # no n-gram: all ones
+    ]
+    assert dedup_module._band_keys(signatures, 2, hashers).tolist() == [
+        [7185002283466490969, 2387674593592750615],
+        [12418262825299717843, 12903820808263721070],
+        [17211848508895344295, 17211848508895344295],
+    ]
+    chars, counts = dedup_module._element_hashes(["abcd"], "char")
+    assert (chars.tolist(), counts.tolist()) == (
+        [7275543674780155111, 13527760077872400236, 8863970338344601496, 11708782123065626145],
+        [4],
+    )
+
+
+def test_dedup_stats_count_clusters_pairs_and_name_the_shard_files(tmp_path):
+    base = prose(3)
+    documents = [
+        {"id": "a", "text": base},
+        {"id": "a-copy", "text": base.upper()},
+        {"id": "b", "text": prose(4)},
+        {"id": "b-near", "text": prose(4) + " tail"},
+    ]
+    source = write_corpus(tmp_path / "in", documents, shards=2)
+    out = str(tmp_path / "out")
+    deduplicate(DedupConfig(input_path=source, output_path=out, threshold=0.5, workers=1))
+    result = stats(out)
+    assert kept(out) == ["a", "b"]
+    assert result["documents_in"] == 4 and result["documents_out"] == 2
+    assert (result["exact_duplicates_removed"], result["near_duplicates_removed"]) == (1, 1)
+    assert (result["clusters"], result["largest_cluster"], result["documents_in_clusters"]) == (2, 2, 4)
+    assert (
+        result["verified_pairs"] >= 1
+        and result["candidate_pairs"] == result["verified_pairs"] + result["rejected_pairs"]
+    )
+    assert result["shards"] == 2 and result["documents_without_shingles"] == 0
+    files = {(pair["removed"]["id"], pair["removed"]["shard_file"]) for pair in result["sample_pairs"]}
+    assert files == {("a-copy", "shard-00001.jsonl.gz"), ("b-near", "shard-00001.jsonl.gz")}
+    assert result["parameters"]["num_perm"] == 200 and result["parameters"]["lsh_threshold"] == round(
+        0.05**0.1, 4
+    )
+
+
+def test_dedup_config_checks_name_the_field():
+    DedupConfig(
+        input_path="x", output_path="y", ngram_size=1, num_bands=1, rows_per_band=1, threshold=0.0
+    ).validate()
+    DedupConfig(input_path="x", output_path="y", threshold=1.0, sample_pairs=0).validate()
+    cases = {
+        "mode": ("mode", "nope", "DedupConfig.mode: got 'nope'; use 'exact', 'minhash' or 'both'"),
+        "ngram_unit": ("ngram_unit", "line", "DedupConfig.ngram_unit: got 'line'; use 'word' or 'char'"),
+        "ngram_size": ("ngram_size", 0, "DedupConfig.ngram_size: must be a positive integer, got 0"),
+        "float": ("num_bands", 2.0, "DedupConfig.num_bands: must be a positive integer, got 2.0"),
+        "threshold": ("threshold", 1.5, "DedupConfig.threshold: must be between 0 and 1, got 1.5"),
+        "negative": ("threshold", -0.1, "DedupConfig.threshold: must be between 0 and 1, got -0.1"),
+        "samples": ("sample_pairs", -1, "DedupConfig.sample_pairs: must be >= 0, got -1"),
+    }
+    for field, value, message in cases.values():
+        with pytest.raises(ValueError) as refused:
+            DedupConfig(input_path="x", output_path="y", **{field: value}).validate()
+        assert str(refused.value) == message
