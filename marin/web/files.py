@@ -10,7 +10,14 @@
 - Anything else that looks binary (NUL bytes, undecodable UTF-8): "binary, N bytes".
 
 Every single line is capped at `MAX_LINE_BYTES`: the rest of a longer line is skipped
-in chunks, so one huge line cannot make the server hold it.
+in chunks, so one huge line cannot make the server hold it. A page keeps at most
+`MAX_PAGE_BYTES` of lines (it ends early, with a "next" link, past that).
+
+Line reads are bounded per request: a reader stops after `MAX_READ_BYTES` of (decompressed)
+data or `MAX_READ_SECONDS`, whichever comes first, so a small compressed file that
+expands to gigabytes (a "zip bomb"), or a page far into a huge file, cannot tie up a
+core. The file viewer then says where it stopped (a 'stopped' page); other readers
+raise `ReadLimit`, which the pages show as an error saying so.
 """
 
 from __future__ import annotations
@@ -21,22 +28,25 @@ import gzip
 import io
 import json
 import lzma
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from executor.store import Store
 
-from .safety import Target
+from .safety import Refused, Target
 
 LINES_PER_PAGE = 50
 MAX_LINES_PER_PAGE = 1000
 TEXT_PAGE_BYTES = 64 * 1024
 MAX_LINE_BYTES = 1 << 20
+MAX_PAGE_BYTES = 8 << 20
+MAX_READ_BYTES = 256 << 20
+MAX_READ_SECONDS = 5.0
 JSON_PRETTY_MAX = 1 << 20
 SNIFF_BYTES = 8192
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
-JSON_LINES = (".jsonl", ".ndjson", ".json")
 BINARY_SUFFIXES = (
     ".npz",
     ".npy",
@@ -67,7 +77,8 @@ class Page:
 
     kind: str
     """'lines' (JSON or text lines), 'text' (a byte range), 'json' (whole, pretty),
-    'table' (parquet rows), 'binary' or 'empty'."""
+    'table' (parquet rows), 'binary', 'empty', or 'stopped' (the read limits ran out
+    before the page's first line; `note` says so)."""
 
     offset: int
     """First line / byte / row of the page."""
@@ -134,6 +145,37 @@ def decompressed(raw: IO[bytes], kind: str | None) -> IO[bytes]:
     if kind == "xz":
         return lzma.LZMAFile(raw, mode="rb")
     return raw
+
+
+class ReadLimit(Refused):
+    """A read stopped by the per-request limits (`MAX_READ_BYTES`, `MAX_READ_SECONDS`)."""
+
+    def __init__(self, name: str, read: int, seconds: float):
+        why = f"{seconds:.1f} s" if read <= MAX_READ_BYTES else f"{read >> 20} MiB"
+        super().__init__(
+            413,
+            f"stopped reading {name} after {why} ({read >> 20} MiB of data): the browser reads at most "
+            f"{MAX_READ_BYTES >> 20} MiB, or {MAX_READ_SECONDS:g} s, of a file's (decompressed) "
+            "lines per request; use the raw link to read the whole file",
+        )
+
+
+class _Bounded:
+    """`readline` of a stream, raising `ReadLimit` once the request's limits are spent."""
+
+    def __init__(self, stream: IO[bytes], name: str):
+        self.stream = stream
+        self.name = name
+        self.read = 0
+        self.started = time.monotonic()
+
+    def readline(self, size: int = -1) -> bytes:
+        line = self.stream.readline(size)
+        self.read += len(line)
+        elapsed = time.monotonic() - self.started
+        if self.read > MAX_READ_BYTES or elapsed > MAX_READ_SECONDS:
+            raise ReadLimit(self.name, self.read, elapsed)
+        return line
 
 
 def read_line(stream: IO[bytes], cap: int = MAX_LINE_BYTES) -> tuple[bytes, bool] | None:
@@ -220,18 +262,26 @@ def _lines_page(
     store: Store, target: Target, kind: str | None, offset: int, limit: int, size: int | None
 ) -> Page:
     lines: list[tuple[int, str, bool]] = []
+    kept = 0
     more = False
+    note = ""
+    prev_offset = max(0, offset - limit) if offset > 0 else None
     try:
         with open_raw(store, target) as raw:
             stream = decompressed(raw, kind)
             sample = stream.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(stream, "peek") else b""
             if sample and looks_binary(sample):
                 return Page("binary", 0, size=size, note=f"binary, {size} bytes ({kind or 'uncompressed'})")
-            for number, data, cut in iter_lines(stream, offset):
-                if len(lines) == limit:
+            for number, data, cut in iter_lines(_Bounded(stream, target.relpath), offset):
+                if len(lines) == limit or kept >= MAX_PAGE_BYTES:
                     more = True
                     break
                 lines.append((number, data.decode("utf-8", errors="replace"), cut))
+                kept += len(data)
+    except ReadLimit as stopped:
+        if not lines:
+            return Page("stopped", offset, prev_offset=prev_offset, size=size, note=stopped.message)
+        more, note = False, stopped.message
     except (OSError, EOFError, lzma.LZMAError, ValueError) as error:
         if not lines:
             return Page("binary", 0, size=size, note=f"cannot read as {kind or 'text'}: {error}")
@@ -240,10 +290,10 @@ def _lines_page(
         "lines",
         offset,
         next_offset=offset + len(lines) if more else None,
-        prev_offset=max(0, offset - limit) if offset > 0 else None,
+        prev_offset=prev_offset,
         lines=lines,
         size=size,
-        note="" if lines or offset == 0 else "no lines at this offset",
+        note=note or ("" if lines or offset == 0 else "no lines at this offset"),
     )
 
 
@@ -323,10 +373,11 @@ def read_head(store: Store, target: Target, max_bytes: int) -> tuple[str, bool]:
 
 
 def iter_records(store: Store, target: Target, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | None]]:
-    """(line number, parsed JSON object or None) of a JSON-lines file, streamed."""
+    """(line number, parsed JSON object or None) of a JSON-lines file, streamed; raises
+    `ReadLimit` (a `Refused`) if the file goes on past the read limits."""
     name = target.relpath.rsplit("/", 1)[-1]
     with open_raw(store, target) as raw:
-        stream = decompressed(raw, compression_of(name))
+        stream = _Bounded(decompressed(raw, compression_of(name)), target.relpath)
         for number, data, cut in iter_lines(stream, start):
             record = None
             if not cut:

@@ -1,4 +1,14 @@
-"""The HTTP layer: a threaded stdlib server answering GET and HEAD, nothing else."""
+"""The HTTP layer: a threaded stdlib server answering GET and HEAD, nothing else.
+
+Limits, so bursts and idle clients cannot stall it:
+
+- the listen backlog holds `LISTEN_BACKLOG` connections (a burst of a few hundred
+  clients waits to be accepted instead of having its SYNs dropped);
+- every connection has a socket timeout (`CONNECTION_TIMEOUT` seconds by default): a
+  client that sends nothing, or stops reading, is dropped when it runs out;
+- at most `MAX_CONNECTIONS` connections are handled at once, one daemon thread each; a
+  connection past that gets `503` at once and is closed.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +21,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from .pages import App, Response
 
 ALLOWED_METHODS = ("GET", "HEAD")
+LISTEN_BACKLOG = 256
+CONNECTION_TIMEOUT = 20.0
+MAX_CONNECTIONS = 512
+_BUSY_BODY = b"503 busy: too many connections, try again\n"
+BUSY_RESPONSE = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
 MAX_DRAINED_BODY = 1 << 20
 SECURITY_HEADERS = {
     # No scripts at all: the pages are plain HTML + inline SVG. Nothing is framed or fetched.
@@ -38,6 +56,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "marin-browse"
     sys_version = ""
+
+    def setup(self) -> None:
+        self.timeout = self.server.connection_timeout  # StreamRequestHandler applies it to the socket
+        super().setup()
 
     def parse_request(self) -> bool:
         if not super().parse_request():
@@ -102,7 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 for chunk in response.stream():
                     self.wfile.write(chunk)
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # gone, or stopped reading
             self.close_connection = True
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (the stdlib's name)
@@ -113,22 +135,65 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, address: tuple[str, int], app: App, log_requests: bool):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        app: App,
+        log_requests: bool,
+        connection_timeout: float = CONNECTION_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.app = app
         self.log_requests = log_requests
         self.loopback_only = _is_loopback(address[0])
+        self.connection_timeout = connection_timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
         super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """Answer 503 from the accepting thread without waiting on the client."""
+        try:
+            request.settimeout(0)
+            request.send(BUSY_RESPONSE)  # fits a fresh socket's send buffer
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
 
 class BrowserServer:
     """The browser bound to its address (listening from construction on)."""
 
-    def __init__(self, prefix: str, host: str = "127.0.0.1", port: int = 8765, log_requests: bool = False):
+    def __init__(
+        self,
+        prefix: str,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        log_requests: bool = False,
+        connection_timeout: float = CONNECTION_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
         self.app = App(prefix)
-        self.httpd = _Server((host, port), self.app, log_requests)
+        self.httpd = _Server((host, port), self.app, log_requests, connection_timeout, max_connections)
         self.host = host
         self.port = self.httpd.server_address[1]
         self._thread: threading.Thread | None = None
@@ -166,8 +231,15 @@ class BrowserServer:
 
 
 def start_server(
-    prefix: str, host: str = "127.0.0.1", port: int = 8765, log_requests: bool = False
+    prefix: str,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    log_requests: bool = False,
+    connection_timeout: float = CONNECTION_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> BrowserServer:
     """Bind the browser for `prefix` to host:port (0 = a free port); call `.serve_forever()`
-    or `.start_in_thread()` on the result, `.url` says where it is."""
-    return BrowserServer(prefix, host, port, log_requests)
+    or `.start_in_thread()` on the result, `.url` says where it is. `connection_timeout`
+    (seconds) drops a client that sends or reads nothing for that long; `max_connections`
+    bounds the connections (and threads) served at once."""
+    return BrowserServer(prefix, host, port, log_requests, connection_timeout, max_connections)

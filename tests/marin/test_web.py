@@ -219,6 +219,37 @@ def test_guard_unit(tmp_path):
     assert guard.resolve_recorded(str(tmp_path / "prefix" / "a")).relpath == "a"
 
 
+def test_a_sibling_whose_name_extends_the_prefix_is_outside(tmp_path):
+    """`out2` starts with `out` but is not under it: a plain startswith would let it in."""
+    prefix, sibling = tmp_path / "out", tmp_path / "out2"
+    prefix.mkdir()
+    sibling.mkdir()
+    (sibling / "secret.txt").write_text("sibling secret")
+    os.symlink(sibling / "secret.txt", prefix / "file-link")
+    os.symlink(sibling, prefix / "dir-link")
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    assert not guard.inside(str(sibling.resolve())) and not guard.inside(
+        str(sibling.resolve() / "secret.txt")
+    )
+    for bad in ["file-link", "dir-link", "dir-link/secret.txt"]:
+        with pytest.raises(Refused):
+            guard.resolve(bad)
+    assert guard.resolve_recorded(str(sibling / "secret.txt")) is None
+    assert guard.resolve_recorded(str(sibling)) is None
+    server = start_server(str(prefix), port=0).start_in_thread()
+    try:
+        for target in [
+            "/file/file-link",
+            "/raw/file-link",
+            "/file/dir-link/secret.txt",
+            "/raw/dir-link/secret.txt",
+        ]:
+            status, _headers, body = request(server, target)
+            assert status == 403 and b"sibling secret" not in body, target
+    finally:
+        server.shutdown()
+
+
 # -- paging -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def files_prefix(tmp_path_factory) -> str:

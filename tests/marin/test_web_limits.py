@@ -1,0 +1,221 @@
+"""The browser under load: bursts of connections, idle clients, and compressed files that
+expand to gigabytes. Real servers on 127.0.0.1, real sockets."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import socket
+import threading
+import time
+import tracemalloc
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from executor.store import open_store
+from marin.web import files, start_server
+from marin.web.safety import PrefixGuard
+
+BURST = 200
+IDLE = 300
+
+
+@pytest.fixture
+def prefix(tmp_path) -> Path:
+    root = tmp_path / "prefix"
+    root.mkdir()
+    (root / "hello.txt").write_text("hello\n")
+    return root
+
+
+def get(port: int, target: str, timeout: float = 30) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("GET", target)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_burst_of_connections_waits_in_the_listen_backlog(prefix):
+    """200 clients connect while the server is not accepting yet: every handshake completes
+    (none dropped or reset), and once it serves, every one gets its page."""
+    server = start_server(str(prefix), port=0)  # listening, not accepting
+    sockets: list[socket.socket] = []
+    try:
+
+        def connect(_index: int) -> socket.socket:
+            return socket.create_connection(("127.0.0.1", server.port), timeout=3)
+
+        with ThreadPoolExecutor(50) as pool:
+            sockets = list(pool.map(connect, range(BURST)))
+        server.start_in_thread()
+        for sock in sockets:
+            sock.settimeout(30)
+            sock.sendall(b"GET /raw/hello.txt HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        replies = [read_all(sock) for sock in sockets]
+        assert [reply.split(b"\r\n", 1)[0] for reply in replies] == [b"HTTP/1.0 200 OK"] * BURST
+        assert all(reply.endswith(b"\r\n\r\nhello\n") for reply in replies)
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.shutdown()
+
+
+def test_200_concurrent_clients_all_get_answers(prefix):
+    server = start_server(str(prefix), port=0).start_in_thread()
+    start = threading.Barrier(BURST)
+    try:
+
+        def client(_index: int) -> int:
+            start.wait()
+            return get(server.port, "/raw/hello.txt")[0]
+
+        with ThreadPoolExecutor(BURST) as pool:
+            statuses = list(pool.map(client, range(BURST)))
+        assert statuses == [200] * BURST
+    finally:
+        server.shutdown()
+
+
+def test_idle_connections_do_not_stall_the_server_and_are_closed(prefix):
+    server = start_server(str(prefix), port=0, connection_timeout=1.0).start_in_thread()
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(IDLE):
+            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+        started = time.monotonic()
+        assert get(server.port, "/raw/hello.txt", timeout=10) == (200, b"hello\n")
+        assert time.monotonic() - started < 5
+        # Each idle client is dropped when its timeout runs out: the server closes it.
+        deadline = time.monotonic() + 30
+        for sock in idle:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            assert sock.recv(1) == b""
+        assert get(server.port, "/raw/hello.txt", timeout=10) == (200, b"hello\n")
+    finally:
+        for sock in idle:
+            sock.close()
+        server.shutdown()
+
+
+def test_connections_past_the_cap_get_503_at_once(prefix):
+    server = start_server(str(prefix), port=0, max_connections=5).start_in_thread()
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(5)]
+    try:
+        time.sleep(0.2)  # let the server accept the five (they then hold every slot)
+        extra = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        with extra:
+            assert read_all(extra).startswith(b"HTTP/1.0 503 Service Unavailable\r\n")
+        for sock in held:
+            sock.close()
+        held = []
+        deadline = time.monotonic() + 10
+        while (status := get(server.port, "/raw/hello.txt")[0]) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the slots free up as the closed connections' threads end
+        assert status == 200
+    finally:
+        for sock in held:
+            sock.close()
+        server.shutdown()
+
+
+# -- decompression bombs ---------------------------------------------------------------------
+MEMBER_BYTES = 64 << 20
+BOMB_BYTES = 2 << 30
+
+
+def write_gzip_bomb(path: Path, byte: bytes) -> None:
+    """A gzip file of BOMB_BYTES copies of `byte`, ~2 MB on disk: one gzip member of
+    MEMBER_BYTES, compressed once (in 1 MiB pieces) and written BOMB_BYTES // MEMBER_BYTES
+    times (a gzip file may hold many members; readers concatenate them)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip header and trailer
+    piece = byte * (1 << 20)
+    member = b"".join(compressor.compress(piece) for _ in range(MEMBER_BYTES >> 20)) + compressor.flush()
+    with open(path, "wb") as handle:
+        for _ in range(BOMB_BYTES // MEMBER_BYTES):
+            handle.write(member)
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bombs")
+    write_gzip_bomb(root / "one-line.jsonl.gz", b"0")  # one 2 GiB line
+    write_gzip_bomb(root / "empty-lines.txt.gz", b"\n")  # 2 Gi empty lines
+    return root
+
+
+def test_the_bomb_is_what_it_claims(bombs):
+    path = bombs / "one-line.jsonl.gz"
+    assert path.stat().st_size < 4_000_000
+    with gzip.open(path, "rb") as handle:
+        assert handle.read(1 << 20) == b"0" * (1 << 20)
+    # Each member's trailer records its size; the members add up to BOMB_BYTES.
+    data = path.read_bytes()
+    members = BOMB_BYTES // MEMBER_BYTES
+    assert data[: len(data) // members] * members == data
+    assert int.from_bytes(data[len(data) // members - 4 : len(data) // members], "little") == MEMBER_BYTES
+
+
+@pytest.mark.parametrize(("name", "offset"), [("one-line.jsonl.gz", 0), ("empty-lines.txt.gz", 10**10)])
+def test_a_decompression_bomb_page_stops_within_the_limits(bombs, name, offset):
+    guard = PrefixGuard(str(bombs), open_store(str(bombs)))
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        page = files.read_page(guard.store, guard.resolve(name), offset)
+        elapsed = time.monotonic() - started
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert page.kind == "stopped"
+    assert f"at most {files.MAX_READ_BYTES >> 20} MiB" in page.note and "raw" in page.note
+    assert elapsed < files.MAX_READ_SECONDS + 5
+    assert peak < 16 << 20, peak
+
+
+def test_a_decompression_bomb_over_http_says_where_it_stopped(bombs):
+    server = start_server(str(bombs), port=0).start_in_thread()
+    try:
+        started = time.monotonic()
+        status, body = get(server.port, "/file/one-line.jsonl.gz")
+        assert time.monotonic() - started < files.MAX_READ_SECONDS + 5
+        assert status == 200 and b"stopped reading one-line.jsonl.gz" in body
+    finally:
+        server.shutdown()
+
+
+def test_reading_records_past_the_limits_is_refused(bombs):
+    guard = PrefixGuard(str(bombs), open_store(str(bombs)))
+    with pytest.raises(files.ReadLimit) as stopped:
+        for _record in files.iter_records(guard.store, guard.resolve("empty-lines.txt.gz")):
+            pass
+    assert stopped.value.status == 413
+
+
+def test_the_time_limit_stops_a_slow_read(bombs, monkeypatch):
+    monkeypatch.setattr(files, "MAX_READ_SECONDS", 0.0)
+    guard = PrefixGuard(str(bombs), open_store(str(bombs)))
+    page = files.read_page(guard.store, guard.resolve("empty-lines.txt.gz"), 1000)
+    assert page.kind == "stopped" and "after 0." in page.note
+
+
+def test_a_page_keeps_at_most_max_page_bytes_and_links_on(tmp_path):
+    line = b'{"id": "x", "text": "' + b"w" * (512 << 10) + b'"}\n'
+    (tmp_path / "wide.jsonl").write_bytes(line * 40)  # 20 MiB, 40 lines
+    guard = PrefixGuard(str(tmp_path), open_store(str(tmp_path)))
+    page = files.read_page(guard.store, guard.resolve("wide.jsonl"), 0, 1000)
+    kept = sum(len(text) for _number, text, _cut in page.lines)
+    assert files.MAX_PAGE_BYTES <= kept < files.MAX_PAGE_BYTES + len(line)
+    assert page.next_offset == len(page.lines) < 40
