@@ -105,6 +105,30 @@ EQUIVALENT: dict[tuple[str, str], str] = {
 }
 
 
+EQUIVALENT_PATTERNS: list[tuple[str, str]] = [
+    # (regex, why): a one-line mutant whose old and new lines differ only inside matches of
+    # the regex changes nothing a test can observe.
+    (r'\b(desc|description)=("[^"]*"|None)', "only the label of a progress bar (tqdm / map_shards) changes"),
+    (r"\bleave=(False|True|None)", "only whether a finished progress bar stays on screen changes"),
+    (r'"(utf-8|UTF-8)"', "codec names are case-insensitive: 'UTF-8' is 'utf-8'"),
+]
+
+
+def equivalent_reason(function: str, removed: list[str], added: list[str]) -> str | None:
+    """Why the mutant (its removed and added lines, stripped) is equivalent, or None."""
+    for line in added:
+        if (function, line) in EQUIVALENT:
+            return EQUIVALENT[(function, line)]
+    if len(removed) != 1 or len(added) != 1:
+        return None
+    for pattern, why in EQUIVALENT_PATTERNS:
+        if re.search(pattern, removed[0]) and re.sub(pattern, "_", removed[0]) == re.sub(
+            pattern, "_", added[0]
+        ):
+            return why
+    return None
+
+
 def target_for(name: str) -> Target:
     if name in TARGETS:
         return TARGETS[name]
@@ -252,7 +276,7 @@ def mutant_diff(sources: dict[str, str], mutant: str) -> tuple[str, list[str]]:
     lines = [
         line
         for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
-        if line[:1] in "+-" and line[:3] not in ("+++", "---")
+        if line[:1] in "+-" and line[:3] not in ("+++", "---") and "__mutmut_" not in line  # not the def line
     ]
     function = re.sub(r"__mutmut_\d+$", "", local).removeprefix("x_").split("ǁ")[-1]
     return function, lines
@@ -289,7 +313,8 @@ def collect(workdir: Path, name: str, commit: str, sample: int = 1) -> Report:
                 counts["mutants"] += 1
             function, lines = mutant_diff(sources, mutant)
             added = [line[1:].strip() for line in lines if line.startswith("+")]
-            reason = next((EQUIVALENT[(function, a)] for a in added if (function, a) in EQUIVALENT), None)
+            removed = [line[1:].strip() for line in lines if line.startswith("-")]
+            reason = equivalent_reason(function, removed, added)
             if reason is not None:
                 report.equivalent[mutant] = reason
                 counts["equivalent"] += 1
