@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -283,16 +284,9 @@ def mutant_diff(sources: dict[str, str], mutant: str) -> tuple[str, list[str]]:
 
 
 def in_sample(mutant: str, sample: int) -> bool:
-    """Systematic 1-in-`sample` selection: mutants numbered 0 mod `sample` within each function."""
-    return sample == 1 or int(mutant.rsplit("_", 1)[-1]) % sample == 0
-
-
-def sample_patterns(sample: int) -> list[str]:
-    """fnmatch patterns mutmut accepts for `in_sample` (1, 2, 5 and 10 only)."""
-    endings = {2: "02468", 5: "05", 10: "0"}
-    if sample not in endings:
-        raise SystemExit("--sample must be 1, 2, 5 or 10")
-    return [f"*__mutmut_*{digit}" for digit in endings[sample]]
+    """A 1-in-`sample` selection by a hash of the mutant's name: stable across runs, and
+    spread over small functions as well as large ones."""
+    return sample == 1 or zlib.crc32(mutant.encode()) % sample == 0
 
 
 def collect(workdir: Path, name: str, commit: str, sample: int = 1) -> Report:
@@ -354,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sample",
         type=int,
         default=1,
-        help="test 1 in N mutants (N = 2, 5 or 10): those numbered 0 mod N in each function",
+        help="test a 1-in-N sample of the mutants (chosen by a hash of their names)",
     )
     parser.add_argument(
         "--resume",
@@ -384,20 +378,19 @@ def main(argv: list[str] | None = None) -> int:
                 todo = collect(workdir, name, commit, args.sample).unchecked
                 if todo:
                     finished = run_mutmut(workdir, args.max_children, args.timeout, log, todo)
-            elif not reuse:
+            elif args.sample == 1 and not reuse:
                 prepare(workdir, commit, target)
-                patterns = sample_patterns(args.sample) if args.sample > 1 else None
-                finished = run_mutmut(workdir, args.max_children, args.timeout, log, patterns)
+                finished = run_mutmut(workdir, args.max_children, args.timeout, log)
             else:
-                prepare(workdir, commit, target, reuse=True)
-                # Regenerate the mutants of changed functions and learn what new tests reach
-                # (mutmut stops with "nothing matches" after that), then test what is open.
+                prepare(workdir, commit, target, reuse=reuse)
+                # Generate the mutants (only those of changed functions, when reusing) and learn
+                # which tests reach what; mutmut then stops with "nothing matches".
                 run_mutmut(workdir, args.max_children, args.timeout, log, ["no-such-mutant"])
                 earlier = collect(workdir, name, commit, args.sample)
-                again = earlier.survived + earlier.no_tests + earlier.unchecked
+                todo = earlier.unchecked + (earlier.survived + earlier.no_tests if reuse else [])
                 remaining = args.timeout - (time.time() - started)
-                if again and remaining > 0:
-                    finished = run_mutmut(workdir, args.max_children, remaining, log, again)
+                if todo and remaining > 0:
+                    finished = run_mutmut(workdir, args.max_children, remaining, log, todo)
         report = collect(workdir, name, commit, args.sample)
         report.seconds = time.time() - started
         reports.append(report)
