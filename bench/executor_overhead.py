@@ -11,9 +11,10 @@ Two DAG shapes, each at every size N:
   config holds a list of all N-1 leaf outputs as inputs.
 
 Step functions are trivial (each makes its output directory and writes one tiny file
-there), so every figure is executor overhead. Medians of --repeats rounds; within a
-round the executor and its floor run one after the other (order alternating between
-rounds), so drift on a shared machine hits both alike. Every timed cold run starts after
+there), so every figure is executor overhead. Times are medians of --repeats rounds;
+within a round the executor and its floor run one after the other (order alternating
+between rounds), and each ratio is the median of the per-round ratios, so drift and
+bursts of outside load on a shared machine hit both sides of a ratio alike. Every timed cold run starts after
 `os.sync()`, and a DAG's prefixes are deleted only after its last measurement (on a disk
 mounted with `discard`, deleting a prefix slows the runs that follow).
 
@@ -493,21 +494,31 @@ class Row:
     whole_warm_run: list[float] = field(default_factory=list)
     whole_floor: list[float] = field(default_factory=list)
 
+    # Ratios are the median over rounds of ours/floor within a round: the two ran side by
+    # side, so a burst of outside load that slows one round slows both of its runs.
     @property
     def ratio(self) -> float:
-        return median(self.warm) / median(self.floor)
+        return paired_ratio(self.warm, self.floor)
 
     @property
     def cold_ratio(self) -> float:
-        return median(self.cold) / median(self.cold_floor)
+        return paired_ratio(self.cold, self.cold_floor)
 
     @property
     def whole_ratio(self) -> float | None:
-        return median(self.whole_warm) / median(self.whole_floor) if self.whole_warm else None
+        return paired_ratio(self.whole_warm, self.whole_floor) if self.whole_warm else None
+
+    @property
+    def whole_run_ratio(self) -> float | None:
+        return paired_ratio(self.whole_warm_run, self.whole_floor) if self.whole_warm_run else None
 
     @property
     def whole_cold_ratio(self) -> float | None:
-        return median(self.whole_cold) / median(self.whole_cold_floor) if self.whole_cold else None
+        return paired_ratio(self.whole_cold, self.whole_cold_floor) if self.whole_cold else None
+
+
+def paired_ratio(ours: list[float], floor: list[float]) -> float:
+    return statistics.median(a / b for a, b in zip(ours, floor, strict=True))
 
 
 def median(values: list[float]) -> float:
@@ -690,8 +701,7 @@ def table(rows: list[Row]) -> str:
                 f"| {row.shape} | {row.size:,} | {fmt_s(median(row.whole_cold))} "
                 f"| {fmt_s(median(row.whole_cold_floor))} | {row.whole_cold_ratio:.2f} "
                 f"| {fmt_s(median(row.whole_warm))} | {fmt_s(median(row.whole_warm_run))} "
-                f"| {fmt_s(median(row.whole_floor))} | {row.whole_ratio:.2f} "
-                f"| {median(row.whole_warm_run) / median(row.whole_floor):.2f} |"
+                f"| {fmt_s(median(row.whole_floor))} | {row.whole_ratio:.2f} | {row.whole_run_ratio:.2f} |"
             )
     return "\n".join(lines)
 
@@ -797,7 +807,8 @@ def main() -> None:
     target_lines, values = targets(rows)
     commit = git_commit()
     report = [
-        f"executor overhead at commit {commit} ({machine}); median of {args.repeats} rounds",
+        f"executor overhead at commit {commit} ({machine}); times: medians of {args.repeats} rounds; "
+        "ratios: medians of the per-round ratios",
         "",
         table(rows),
         "",
@@ -815,6 +826,8 @@ def main() -> None:
                 **row.__dict__,
                 "ratio": row.ratio,
                 "cold_ratio": row.cold_ratio,
+                "whole_run_ratio": row.whole_run_ratio,
+                "whole_cold_ratio": row.whole_cold_ratio,
                 "whole_ratio": row.whole_ratio,
                 "medians": {k: median(v) for k, v in row.__dict__.items() if isinstance(v, list)},
             }

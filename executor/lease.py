@@ -165,10 +165,12 @@ class LeaseManager:
         self._host = _hostname()
         self._lost: set[str] = set()
         self._lock = threading.Lock()
-        # Serialises each read-of-our-bytes + swap: without it the heartbeat thread and a
-        # worker refreshing (or releasing) at the same moment would each swap from the same
-        # old bytes, and the loser would wrongly conclude the lease was taken over.
-        self._swap_lock = threading.RLock()
+        # One lock per lease serialises each read-of-our-bytes + swap: without it the heartbeat
+        # thread and a worker refreshing (or releasing) at the same moment would each swap from
+        # the same old bytes, and the loser would wrongly conclude the lease was taken over.
+        # Per lease, not one for all: 32 workers confirming and releasing their own leases
+        # through one lock queued behind each other's file I/O (a third of a cold fan-in run).
+        self._swap_locks: dict[str, threading.RLock] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -206,7 +208,7 @@ class LeaseManager:
 
     def refresh(self, output_path: str) -> bool:
         """Renew our lease now; False (and the lease is lost) if someone took it."""
-        with self._swap_lock:
+        with self._swap_lock(output_path):
             with self._lock:
                 previous = self._held.get(output_path)
             if previous is None:
@@ -229,7 +231,7 @@ class LeaseManager:
         `heartbeat_interval` old or older (see the module docstring). False (and the lease
         is lost) otherwise.
         """
-        with self._swap_lock:  # no heartbeat swaps between reading `mine` and the file
+        with self._swap_lock(output_path):  # no heartbeat swap between reading `mine` and the file
             with self._lock:
                 mine = self._held.get(output_path)
                 written = self._written.get(output_path, 0.0)
@@ -251,7 +253,7 @@ class LeaseManager:
             return output_path in self._lost
 
     def release(self, output_path: str) -> None:
-        with self._swap_lock:
+        with self._swap_lock(output_path):
             with self._lock:
                 mine = self._held.pop(output_path, None)
                 self._written.pop(output_path, None)
@@ -264,6 +266,14 @@ class LeaseManager:
             self._thread.join(timeout=self.config.heartbeat_interval + 5)
 
     # -- internals ------------------------------------------------------------
+    def _swap_lock(self, output_path: str) -> threading.RLock:
+        """The lease's own swap lock (kept for the manager's life: a lock handed out must stay the one)."""
+        with self._lock:
+            lock = self._swap_locks.get(output_path)
+            if lock is None:
+                lock = self._swap_locks[output_path] = threading.RLock()
+            return lock
+
     def _record(self, now: float, acquired: float) -> bytes:
         return LeaseRecord(
             worker=self.worker_id,
