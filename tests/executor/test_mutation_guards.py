@@ -50,7 +50,7 @@ from executor.lease import LeaseManager
 from executor.plan import Plan
 from executor.store import open_store
 from executor.template import TemplateError, TrustedCode, decode_template, encode_template
-from executor.tree import Status, lease_path, read_status
+from executor.tree import Status, append_status, lease_path, read_status
 from tests.executor.steps_for_tests import CALLS, WriteConfig, fail, write_value
 
 
@@ -1116,3 +1116,43 @@ def test_the_manifest_records_each_step_and_its_outcome(tmp_path):
         "b": "succeeded",
         "c": "succeeded",
     }
+
+
+# -- another driver holds the step ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("outcome", ["success", "failure"])
+def test_a_waiting_driver_reports_what_the_holder_did(tmp_path, outcome):
+    fast = LeaseConfig(heartbeat_interval=5.0, timeout=60.0, poll_interval=0.02)
+    step = write_step("shared", 1)
+    path = executor.graph.resolve([step], str(tmp_path)).resolved(step).output_path
+    store = open_store(str(tmp_path))
+    holder = LeaseManager(store, fast, "other-host:1:abc")
+    assert holder.try_acquire(path).acquired
+
+    def finish_when_waited_on(event) -> None:
+        if isinstance(event, StepWaiting):
+            assert event.holder == "other-host:1:abc"
+            status = Status.SUCCESS if outcome == "success" else Status.FAILED
+            append_status(store, path, status, None if outcome == "success" else "boom", holder.worker_id)
+            holder.release(path)
+
+    run = Executor(str(tmp_path), console=False, lease_config=fast, listeners=[finish_when_waited_on])
+    try:
+        if outcome == "success":
+            run.run([step])
+            (skipped,) = [e for e in run.events if isinstance(e, StepSkipped)]
+            assert skipped.reason == "finished by another driver"
+        else:
+            with pytest.raises(ExecutorRunError) as failed:
+                run.run([step])
+            (failure,) = failed.value.failures
+            assert (failure.outcome.value, failure.error) == (
+                "failed_elsewhere",
+                "failed in another driver (other-host:1:abc): boom",
+            )
+    finally:
+        holder.close()
+    assert CALLS == {}
+    assert [row.action.value for row in run.plan.rows] == ["wait"]
+    assert run.plan.rows[0].reason.startswith("running elsewhere: held by other-host:1:abc since ")
