@@ -17,8 +17,9 @@ function over them:
   and renamed, and its counters are saved next to it (`.shard_stats/<shard>.json`) only
   after the rename; temporary files that a killed writer left behind are removed before
   and after the map, so an output that returns normally holds none;
-- with no orphans: on Linux a worker asks the kernel to kill it when its parent dies
-  (`PR_SET_PDEATHSIG`), so a SIGKILLed driver leaves no worker writing into its output;
+- with no orphans: a worker dies with its driver (on Linux the kernel kills it,
+  `PR_SET_PDEATHSIG`; a worker from a fork server watches the driver), so a SIGKILLed
+  driver leaves no worker writing into its output;
   an exception or Ctrl-C in the driver terminates the workers instead of waiting for
   the shards under way;
 - resumably: a shard whose output and counters both exist is not processed again, so a
@@ -42,6 +43,8 @@ import os
 import re
 import signal
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -58,6 +61,7 @@ TEMP_PREFIX = ".tmp-"
 # heartbeat thread: those are never touched here.
 _TEMP_NAME = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]{32}-(?!\.executor)")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_WATCH_SECONDS = 0.5
 # How long a terminated worker gets to exit before it is killed.
 _TERMINATE_GRACE_SECONDS = 5.0
 
@@ -247,16 +251,47 @@ def remove_temp_files(directory: str) -> list[str]:
     return removed
 
 
-def _die_with_parent(parent: int | None) -> None:
-    """Worker initializer: the kernel kills this worker when the process that forked it
-    dies (the driver; with a fork server, the fork server, which exits with the driver)."""
-    if not sys.platform.startswith("linux"):
+def _die_with_driver(driver: int, forked_by_driver: bool) -> None:
+    """Worker initializer: end this worker when the driver dies.
+
+    Forked by the driver, the kernel does it (`PR_SET_PDEATHSIG` on Linux). Forked by a
+    fork server, the worker's parent is the fork server, which outlives the driver (its
+    own children keep it alive): a daemon thread then checks the driver every
+    `_WATCH_SECONDS`."""
+    if forked_by_driver and sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != driver:
+            os._exit(1)  # the driver died before the prctl took effect
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)  # the parent died before the prctl took effect
+    identity = _process_identity(driver)
+    if identity is None:
+        os._exit(1)
+    threading.Thread(target=_watch_driver, args=(driver, identity), name="watch-driver", daemon=True).start()
+
+
+def _process_identity(pid: int) -> str | None:
+    """A running process's start time (so a reused pid is not taken for it), or None if
+    it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc: only whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return "alive"
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _watch_driver(driver: int, identity: str) -> None:
+    while _process_identity(driver) == identity:
+        time.sleep(_WATCH_SECONDS)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
@@ -321,10 +356,11 @@ def map_shards(
             # fork is fastest, but forking a process that has loaded JAX (a tokenize or train
             # step earlier in the same driver) can deadlock: use a fork server then.
             context = multiprocessing.get_context("forkserver" if "jax" in sys.modules else None)
-            # A fork server's children are its own, not the driver's.
-            parent = None if context.get_start_method() == "forkserver" else os.getpid()
             pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=context, initializer=_die_with_parent, initargs=(parent,)
+                max_workers=workers,
+                mp_context=context,
+                initializer=_die_with_driver,
+                initargs=(os.getpid(), context.get_start_method() != "forkserver"),
             )
             try:
                 futures = {

@@ -26,9 +26,12 @@ HOLD_ENV = "MARIN_TEST_SHARD_HOLD_DIR"
 SHARDS = 4
 WORKERS = 2
 HOLD_SECONDS = 120  # far past every deadline below: a worker alive at a deadline was not stopped
+FAKE_JAX_ENV = "MARIN_TEST_SHARD_FAKE_JAX"
 DRIVER = f"""
-import signal, sys
+import os, signal, sys, types
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the test runner ignores SIGINT
+if os.environ.get("{FAKE_JAX_ENV}"):
+    sys.modules["jax"] = types.ModuleType("jax")  # map_shards then starts workers from a fork server
 from operations.shards import map_shards
 from tests.operations.test_shards import numbered_shard, shard_inputs
 map_shards(numbered_shard, shard_inputs(), sys.argv[1], workers={WORKERS})
@@ -92,11 +95,14 @@ class HeldDriver:
     """A driver process mapping `numbered_shard` over SHARDS shards, stopped with workers
     holding the odd shards half-written."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, forkserver: bool = False):
         self.out = tmp_path / "out"
         self.holds = tmp_path / "holds"
         self.holds.mkdir()
         env = {**os.environ, HOLD_ENV: str(self.holds), "PYTHONPATH": str(REPO)}
+        env.pop(FAKE_JAX_ENV, None)
+        if forkserver:
+            env[FAKE_JAX_ENV] = "1"
         self.process = subprocess.Popen(
             [sys.executable, "-c", DRIVER, str(self.out)],
             cwd=REPO,
@@ -124,16 +130,20 @@ class HeldDriver:
         self.process.stderr.close()
 
 
-@pytest.fixture
-def held_driver(tmp_path, monkeypatch):
+@pytest.fixture(params=["fork", "forkserver"])
+def held_driver(request, tmp_path, monkeypatch):
+    """Workers forked by the driver, or by a fork server (what map_shards uses once JAX is loaded)."""
     monkeypatch.delenv(HOLD_ENV, raising=False)
-    driver = HeldDriver(tmp_path)
+    driver = HeldDriver(tmp_path, forkserver=request.param == "forkserver")
+    driver.start_method = request.param
     yield driver
     driver.close()
 
 
 def test_workers_die_with_a_sigkilled_driver(held_driver):
     pids = held_driver.worker_pids()
+    parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in pids}
+    assert (parents == {held_driver.process.pid}) == (held_driver.start_method == "fork")
     assert all(alive(pid) for pid in pids)
     held_driver.process.send_signal(signal.SIGKILL)
     held_driver.process.wait(timeout=30)
