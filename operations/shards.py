@@ -19,9 +19,8 @@ function over them:
   and after the map, so an output that returns normally holds none;
 - with no orphans: a worker dies with its driver (on Linux the kernel kills it,
   `PR_SET_PDEATHSIG`; a worker from a fork server watches the driver), so a SIGKILLed
-  driver leaves no worker writing into its output;
-  an exception or Ctrl-C in the driver terminates the workers instead of waiting for
-  the shards under way;
+  driver leaves no worker writing into its output, and an exception or Ctrl-C in the
+  driver terminates the workers instead of waiting for the shards under way;
 - resumably: a shard whose output and counters both exist is not processed again, so a
   crashed step re-run picks up where it stopped;
 - deterministically: output shard i depends only on input shard i, gzip headers carry
