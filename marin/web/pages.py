@@ -580,6 +580,8 @@ class App:
             content = nav("lines") + "".join(
                 _line_html(number, text, cut) for number, text, cut in result.lines
             )
+            if result.note:  # e.g. the per-request read limit ran out after some lines
+                content += f'<p class="muted note">{esc(result.note)}</p>'
             content += nav("lines")
         elif result.kind == "text":
             content = nav("bytes") + f'<pre class="text">{esc(result.text)}</pre>' + nav("bytes")

@@ -4,6 +4,7 @@ expand to gigabytes. Real servers on 127.0.0.1, real sockets."""
 from __future__ import annotations
 
 import gzip
+import html
 import http.client
 import socket
 import threading
@@ -219,3 +220,19 @@ def test_a_page_keeps_at_most_max_page_bytes_and_links_on(tmp_path):
     kept = sum(len(text) for _number, text, _cut in page.lines)
     assert files.MAX_PAGE_BYTES <= kept < files.MAX_PAGE_BYTES + len(line)
     assert page.next_offset == len(page.lines) < 40
+
+
+def test_a_line_page_cut_by_the_read_limit_says_so(tmp_path, monkeypatch):
+    """The limit runs out after some lines: the page shows them and says where it stopped."""
+    (tmp_path / "many.jsonl").write_bytes(b"".join(b'{"id": "%d", "text": "t"}\n' % i for i in range(2000)))
+    monkeypatch.setattr(files, "MAX_READ_BYTES", 4096)
+    guard = PrefixGuard(str(tmp_path), open_store(str(tmp_path)))
+    page = files.read_page(guard.store, guard.resolve("many.jsonl"), 0, 1000)
+    assert page.kind == "lines" and 0 < len(page.lines) < 1000 and page.note
+    server = start_server(str(tmp_path), port=0).start_in_thread()
+    try:
+        status, body = get(server.port, "/file/many.jsonl?limit=1000")
+        assert status == 200 and b'class="muted note"' in body
+        assert html.escape(page.note).encode() in body
+    finally:
+        server.shutdown()
