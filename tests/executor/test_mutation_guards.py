@@ -1156,3 +1156,67 @@ def test_a_waiting_driver_reports_what_the_holder_did(tmp_path, outcome):
     assert CALLS == {}
     assert [row.action.value for row in run.plan.rows] == ["wait"]
     assert run.plan.rows[0].reason.startswith("running elsewhere: held by other-host:1:abc since ")
+
+
+# -- the Executor facade ---------------------------------------------------------------------
+
+
+def test_a_failing_listener_is_logged_and_does_not_stop_the_run(tmp_path, caplog):
+    def broken(event) -> None:
+        raise RuntimeError("listener bug")
+
+    seen = []
+    run = Executor(str(tmp_path), console=False, listeners=[broken, seen.append])
+    with caplog.at_level(logging.ERROR, logger="executor.executor"):
+        run.run([write_step("a", 1)])
+    assert CALLS == {"a": 1}
+    assert [type(e).__name__ for e in seen] == [
+        "StepPlanned",
+        "StepStarted",
+        "StepSucceeded",
+        "RunFinished",
+    ]
+    assert seen == run.events
+    messages = [r.getMessage() for r in caplog.records if r.name == "executor.executor"]
+    assert len(messages) == 4 and all(
+        m.startswith("event listener ") and " failed on " in m for m in messages
+    )
+
+
+def test_executor_paths_and_results_after_a_run(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="Executor: prefix is empty; pass --prefix or set MARIN_PREFIX"):
+        Executor("")
+    monkeypatch.chdir(tmp_path)
+    run = Executor("rel/prefix/", console=False)
+    assert run.prefix == str(tmp_path / "rel" / "prefix")
+    assert run.executor_info_base_path == f"{run.prefix}/experiments"
+    assert Executor(str(tmp_path), "other/", console=False).executor_info_base_path == str(tmp_path / "other")
+    steps = abc_steps()
+    plan = run.run(steps)
+    assert plan is run.plan
+    assert run.steps == steps
+    assert set(run.output_paths) == set(steps) == set(run.configs) == set(run.versions)
+    assert run.versions[steps[0]]["name"] == "a"
+    assert run.configs[steps[1]].inputs == [run.output_paths[steps[0]]]
+    assert run.executor_info_path.startswith(f"{run.prefix}/experiments/")
+    with pytest.raises(ValueError, match="max_concurrent must be at least 1, got 0"):
+        run.run(steps, max_concurrent=0)
+
+
+def test_a_cached_rerun_writes_nothing_new(tmp_path):
+    Executor(str(tmp_path), console=False).run(abc_steps())
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    again = Executor(str(tmp_path), console=False)
+    again.run(abc_steps())
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert {row.action.value for row in again.plan.rows} == {"skip"}
+
+
+def test_steps_that_failed_before_are_listed_when_force_run_failed_is_off(tmp_path):
+    with pytest.raises(ExecutorRunError):
+        Executor(str(tmp_path), console=False).run([write_step("x", fn=fail), write_step("y", fn=fail)])
+    with pytest.raises(ValueError) as refused:
+        Executor(str(tmp_path), console=False).run([write_step("x"), write_step("y")], force_run_failed=False)
+    lines = str(refused.value).splitlines()
+    assert lines[0] == "steps failed previously and force_run_failed is off:"
+    assert [line.split(":")[0] for line in lines[1:]] == ["  - x", "  - y"]
