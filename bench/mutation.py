@@ -95,7 +95,16 @@ TARGETS: dict[str, Target] = {
 }
 """Named targets. A path like `executor/lease.py` is also a target: the executor's tests on that file."""
 
+_CACHE_KEY = (
+    "only the key of PrefixGuard's per-request cache of resolved directories changes: a miss recomputes"
+)
+_UTF8_DEFAULT = "unquote decodes UTF-8 by default"
+
 EQUIVALENT: dict[tuple[str, str], str] = {
+    ("_real", 'key = "XX/XX".join(parts[: index + 1])'): _CACHE_KEY,
+    ("_real", "cached = self._resolved.get(None)"): _CACHE_KEY,
+    ("decode_path", 'decoded = unquote(raw_path, encoding=None, errors="strict")'): _UTF8_DEFAULT,
+    ("decode_path", 'decoded = unquote(raw_path, errors="strict")'): _UTF8_DEFAULT,
     # (function, the mutated line, stripped) -> why no test can tell the mutant from the original
     ("map_markers", "if all(new is old for new, old in zip(items, obj, strict=None)):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"

@@ -136,6 +136,7 @@ def test_recorded_paths_are_followed_only_under_the_prefix(tree):
         ("/", [""]),
         ("/a", ["a"]),
         ("/a/b/", ["a", "b"]),
+        ("/a/", ["a"]),
         ("/a%20b/c%C3%A9", ["a b", "cé"]),
         ("/tokenized/stdlib-1234/train", ["tokenized", "stdlib-1234", "train"]),
     ],
@@ -144,31 +145,46 @@ def test_request_paths_decode_once_into_segments(raw, segments):
     assert decode_path(raw) == segments
 
 
+NOT_FOUND = "not found"
+NOT_UTF8 = "not found: the path is not UTF-8"
+EMPTY = "refused: empty path segment"
+DOTS = "refused: '.' and '..' are not allowed in paths"
+ENCODED = "refused: encoded characters left after decoding"
+BACKSLASH = "refused: backslash in path"
+CONTROL = "refused: control character in path"
+
+
 @pytest.mark.parametrize(
     ("raw", "status", "message"),
     [
-        ("relative", 404, "not found"),
-        ("", 404, "not found"),
-        ("/a/%FF", 404, "not UTF-8"),
-        ("//a", 403, "empty path segment"),
-        ("/a//b", 403, "empty path segment"),
-        ("/a/../b", 403, "'.' and '..'"),
-        ("/a/%2e%2e/b", 403, "'.' and '..'"),
-        ("/./a", 403, "'.' and '..'"),
-        ("/a/%252e%252e", 403, "encoded characters"),
-        ("/a%5cb", 403, "backslash"),
-        ("/a%00b", 403, "control character"),
-        ("/a%0ab", 403, "control character"),
-        ("/a%7f", 403, "control character"),
-        ("/a/b//", 403, "empty path segment"),
+        ("relative", 404, NOT_FOUND),
+        ("", 404, NOT_FOUND),
+        ("/a/%FF", 404, NOT_UTF8),
+        ("//a", 403, EMPTY),
+        ("/a//b", 403, EMPTY),
+        ("/a/../b", 403, DOTS),
+        ("/a/%2e%2e/b", 403, DOTS),
+        ("/./a", 403, DOTS),
+        ("/a/%252e%252e", 403, ENCODED),
+        ("/a%5cb", 403, BACKSLASH),
+        ("/a%00b", 403, CONTROL),
+        ("/a%0ab", 403, CONTROL),
+        ("/a%7f", 403, CONTROL),
+        ("/a/b//", 403, EMPTY),
     ],
 )
 def test_bad_request_paths_are_refused_with_the_reason(raw, status, message):
     with pytest.raises(Refused) as refused:
         decode_path(raw)
     assert refused.value.status == status
-    assert message in refused.value.message
-    assert str(refused.value) == refused.value.message
+    assert refused.value.message == message
+    assert str(refused.value) == message
+
+
+def test_a_prefix_at_the_filesystem_root_contains_everything():
+    guard = PrefixGuard("/", open_store("/"))
+    assert guard.local_root == "/"
+    assert guard.inside("/etc") and guard.inside("/")
 
 
 @pytest.mark.parametrize("segment", ["a", "a b", "é", "x.y", "..a", "a..", ".hidden", "~", "a-b_c"])
