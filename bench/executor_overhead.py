@@ -792,6 +792,7 @@ def main() -> None:
         print(json.dumps(CHILDREN[args.child](args.shape, args.size, args.prefix)), flush=True)
         return
 
+    commit = git_commit()  # before measuring: others may commit while it runs
     made: list[str] = []
     rows: list[Row] = []
     try:
@@ -805,7 +806,6 @@ def main() -> None:
 
     machine = f"{os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}"
     target_lines, values = targets(rows)
-    commit = git_commit()
     report = [
         f"executor overhead at commit {commit} ({machine}); times: medians of {args.repeats} rounds; "
         "ratios: medians of the per-round ratios",
@@ -829,7 +829,7 @@ def main() -> None:
                 "whole_run_ratio": row.whole_run_ratio,
                 "whole_cold_ratio": row.whole_cold_ratio,
                 "whole_ratio": row.whole_ratio,
-                "medians": {k: median(v) for k, v in row.__dict__.items() if isinstance(v, list)},
+                "medians": {k: median(v) for k, v in row.__dict__.items() if isinstance(v, list) and v},
             }
             for row in rows
         ]
