@@ -102,6 +102,13 @@ _UTF8_DEFAULT = "unquote decodes UTF-8 by default"
 
 EQUIVALENT: dict[tuple[str, str], str] = {
     ("_real", 'key = "XX/XX".join(parts[: index + 1])'): _CACHE_KEY,
+    (
+        "_sample_key",
+        'return int.from_bytes(hashlib.blake2b(document_id.encode("utf-8"), digest_size=8).digest(), )',
+    ): ("int.from_bytes reads big-endian by default (Python 3.11+)"),
+    ("_merge_samples", 'by_rule.setdefault(sample["rule"], None).append(sample)'): (
+        "every sample's rule is a key already (by_rule starts with all configured rules)"
+    ),
     ("_real", "cached = self._resolved.get(None)"): _CACHE_KEY,
     ("decode_path", 'decoded = unquote(raw_path, encoding=None, errors="strict")'): _UTF8_DEFAULT,
     ("decode_path", 'decoded = unquote(raw_path, errors="strict")'): _UTF8_DEFAULT,

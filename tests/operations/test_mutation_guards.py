@@ -34,13 +34,15 @@ from operations.filter import (
     MaxLength,
     MaxLineLength,
     MinLength,
+    RuleConfig,
     SymbolRatio,
     _sample_key,
     filter_documents,
+    filter_shard,
     make_rule,
     regex_word_tokenizer,
 )
-from operations.shards import iter_documents, shard_name, write_documents
+from operations.shards import iter_documents, list_shards, shard_name, write_documents
 from operations.tokenize import TokenizeConfig, build_caches, cache_finished
 
 
@@ -506,3 +508,66 @@ def test_dedup_config_checks_name_the_field():
         with pytest.raises(ValueError) as refused:
             DedupConfig(input_path="x", output_path="y", **{field: value}).validate()
         assert str(refused.value) == message
+
+
+def test_rule_classes_register_under_their_name_once():
+    try:
+
+        @dataclasses.dataclass(frozen=True)
+        class Shouting(RuleConfig, name="test_shouting"):
+            def check(self, document):
+                text = document["text"]
+                document["text"] = text.upper()
+                return None
+
+        assert Shouting.rule_name == "test_shouting"
+        assert RULES["test_shouting"] is Shouting
+        with pytest.raises(ValueError, match="rule name 'test_shouting' is registered twice"):
+
+            class Again(RuleConfig, name="test_shouting"):
+                pass
+
+    finally:
+        RULES.pop("test_shouting", None)
+
+
+def test_rewrites_are_counted_only_when_the_text_changes(tmp_path):
+    @dataclasses.dataclass(frozen=True)
+    class Copying(RuleConfig):
+        rule_name = "test_copying"
+
+        def check(self, document):
+            document["text"] = "".join(list(document["text"]))  # a new, equal string
+            return None
+
+    @dataclasses.dataclass(frozen=True)
+    class Upper(RuleConfig):
+        rule_name = "test_upper"
+
+        def check(self, document):
+            document["text"] = document["text"].upper()
+            return None
+
+    source = write_corpus(tmp_path / "in", [{"id": "a", "text": "abc"}, {"id": "b", "text": "DEF"}])
+    shard = list_shards(source)[0]
+    copying = filter_shard(FilterConfig(source, "", (Copying(),)), shard, str(tmp_path / "c.jsonl.gz"))
+    assert "rewritten" not in copying["rules"]["test_copying"]
+    upper = filter_shard(FilterConfig(source, "", (Upper(),)), shard, str(tmp_path / "u.jsonl.gz"))
+    assert upper["rules"]["test_upper"]["rewritten"] == 1
+    assert [d["text"] for d in iter_documents(str(tmp_path / "u.jsonl.gz"))] == ["ABC", "DEF"]
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (["not", "an", "object"], "{shard}, document 1: expected a JSON object, got list"),
+        ({"id": "x", "text": 5}, "{shard}, document 1 (id 'x'): field 'text' must be a string, got int"),
+        ({"text": "t"}, "{shard}, document 1: missing field 'id'; every document needs one"),
+    ],
+)
+def test_malformed_documents_are_refused_naming_shard_and_position(tmp_path, document, message):
+    source = write_corpus(tmp_path / "in", [document])
+    shard = list_shards(source)[0]
+    with pytest.raises(ValueError) as refused:
+        filter_shard(FilterConfig(source, "", (MinLength(min_chars=1),)), shard, str(tmp_path / "o.jsonl.gz"))
+    assert str(refused.value) == message.format(shard=shard)
