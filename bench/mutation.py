@@ -65,6 +65,10 @@ class Target:
     select: str = ""
     """A pytest -k expression that leaves out slow tests which add nothing here."""
 
+    timeout_constant: float = 1.0
+    """Seconds mutmut adds to each mutant's expected test time before calling it a timeout. Raise
+    it where one test pays a module fixture's set-up that the time estimate charged to another."""
+
 
 # test_untrusted_trees reads crafted output trees through executor.template and executor.tree.
 _EXECUTOR_TESTS = ("tests/executor", "tests/marin/test_untrusted_trees.py")
@@ -91,6 +95,8 @@ TARGETS: dict[str, Target] = {
         # The Ray builder test starts a Ray cluster per mutant; the in-process builder runs
         # the same build_caches / lm_data_config code.
         "not ray_builder",
+        # A mutant's first Levanter test builds the module's caches (tens of CPU seconds).
+        timeout_constant=120.0,
     ),
 }
 """Named targets. A path like `executor/lease.py` is also a target: the executor's tests on that file."""
@@ -166,6 +172,7 @@ class Report:
     no_tests: list[str] = field(default_factory=list)
     not_checked: int = 0
     unchecked: list[str] = field(default_factory=list)
+    timeouts: list[str] = field(default_factory=list)
     sample: int = 1
     equivalent: dict[str, str] = field(default_factory=dict)
     per_file: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -226,9 +233,17 @@ def prepare(workdir: Path, commit: str, target: Target, reuse: bool = False) -> 
             *(["-k", target.select] if target.select else []),
         ],
         "timeout_multiplier": base.get("timeout_multiplier", 10.0),
+        "timeout_constant": target.timeout_constant,
     }
     lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
     (workdir / "pyproject.toml").write_text(pyproject.rstrip() + "\n" + "\n".join(lines) + "\n")
+
+
+def write_timeout_constant(workdir: Path, seconds: float) -> None:
+    """Set timeout_constant in the scratch copy's [tool.mutmut] section."""
+    path = workdir / "pyproject.toml"
+    text = re.sub(r"\ntimeout_constant = [^\n]*", "", path.read_text())
+    path.write_text(text.rstrip() + f"\ntimeout_constant = {json.dumps(seconds)}\n")
 
 
 def mutmut_binary() -> str:
@@ -331,6 +346,7 @@ def collect(workdir: Path, name: str, commit: str, sample: int = 1) -> Report:
                 continue
             if code in TIMEOUT_CODES:
                 report.timeout += 1
+                report.timeouts.append(mutant)
             elif code in CRASH_CODES:
                 report.crashed += 1
             elif STATUS.get(code, "suspicious") == "killed":
@@ -372,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         help="finish an interrupted run in --workdir (same code): test only the unchecked mutants",
     )
     parser.add_argument(
+        "--retest-timeouts",
+        action="store_true",
+        help="with --resume: test the timed-out mutants again (after raising the target's timeout)",
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="incremental: keep an earlier run's verdicts in --workdir; mutmut re-tests the functions "
@@ -390,8 +411,12 @@ def main(argv: list[str] | None = None) -> int:
             reuse = args.reuse and (workdir / "mutants").exists()
             log = workdir / "mutmut.log"
             if args.resume:
-                # Finish an interrupted run on the same code: only what is still unchecked.
-                todo = collect(workdir, name, commit, args.sample).unchecked
+                # Finish an interrupted run on the same code: only what is still unchecked (and
+                # the timeouts, with --retest-timeouts).
+                earlier = collect(workdir, name, commit, args.sample)
+                todo = earlier.unchecked + (earlier.timeouts if args.retest_timeouts else [])
+                if args.retest_timeouts:
+                    write_timeout_constant(workdir, target.timeout_constant)
                 if todo:
                     finished = run_mutmut(workdir, args.max_children, args.timeout, log, todo)
             elif args.sample == 1 and not reuse:
@@ -435,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                         "no_tests": r.no_tests,
                         "equivalent": r.equivalent,
                         "not_checked": r.not_checked,
+                        "timeouts": r.timeouts,
                         "sample": r.sample,
                         "per_file": r.per_file,
                         "diffs": r.diffs,
