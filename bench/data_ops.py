@@ -161,6 +161,7 @@ def main() -> None:
     from tokenize_bench import commit, print_ratios, run_tokenize_vs_raw
     from tokenize_bench import format_table as tokenize_table
 
+    revision = commit()  # before measuring: others may commit while it runs
     work = tempfile.mkdtemp(prefix="data-ops-bench-")
     rows = []
     try:
@@ -205,7 +206,6 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    revision = commit()
     print(
         f"data operations on the Python {sys.version.split()[0]} stdlib, {os.cpu_count()} cores, commit {revision}\n"
     )

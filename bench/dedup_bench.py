@@ -446,6 +446,7 @@ def main() -> None:
     parser.add_argument("--work", help="scratch directory (default: a temporary one, deleted after)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    revision = commit()  # before measuring: others may commit while it runs
     work = args.work or tempfile.mkdtemp(prefix="dedup-bench-")
     try:
         input_dir = args.input
@@ -455,7 +456,7 @@ def main() -> None:
             print("corpus:", json.dumps(build_stdlib_corpus(input_dir)))
         result = run_dedup_vs_datatrove(input_dir, work, rounds=args.rounds)
         print(json.dumps(result, indent=2))
-        print(format_table(result, commit()))
+        print(format_table(result, revision))
         print(f"dedup_vs_datatrove={result['ratio']}")
     finally:
         if args.work is None:

@@ -258,6 +258,7 @@ def main() -> None:
 
     from operations.tokenizer import TrainTokenizerConfig, train_tokenizer
 
+    revision = commit()  # before measuring: others may commit while it runs
     work = args.work_dir or tempfile.mkdtemp(prefix="tokenize-bench-")
     try:
         documents = os.path.join(work, "documents")
@@ -280,7 +281,7 @@ def main() -> None:
         f"\ncorpus: {corpus['documents']} documents, {corpus['bytes'] / 1e6:.1f} MB; tokenizer training {train_s:.1f} s"
     )
     print(json.dumps(result, indent=2))
-    print(format_table(result, commit()))
+    print(format_table(result, revision))
     print_ratios(result)
 
 
