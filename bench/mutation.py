@@ -65,6 +65,10 @@ class Target:
     select: str = ""
     """A pytest -k expression that leaves out slow tests which add nothing here."""
 
+    isolation: str = "fork"
+    """mutmut's process_isolation: "forkserver" where forking a process that has imported the
+    tests' libraries deadlocks (JAX/Levanter threads)."""
+
     timeout_constant: float = 1.0
     """Seconds mutmut adds to each mutant's expected test time before calling it a timeout. Raise
     it where one test pays a module fixture's set-up that the time estimate charged to another."""
@@ -96,7 +100,9 @@ TARGETS: dict[str, Target] = {
         # The Ray builder test starts a Ray cluster per mutant; the in-process builder runs
         # the same build_caches / lm_data_config code.
         "not ray_builder",
-        # A mutant's first Levanter test builds the module's caches (tens of CPU seconds).
+        # A mutant's first Levanter test builds the module's caches (tens of CPU seconds), and
+        # a fork of a process that has imported JAX can deadlock (no CPU used, so no timeout).
+        isolation="forkserver",
         timeout_constant=120.0,
     ),
 }
@@ -235,16 +241,21 @@ def prepare(workdir: Path, commit: str, target: Target, reuse: bool = False) -> 
         ],
         "timeout_multiplier": base.get("timeout_multiplier", 10.0),
         "timeout_constant": target.timeout_constant,
+        "process_isolation": target.isolation,
     }
     lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
     (workdir / "pyproject.toml").write_text(pyproject.rstrip() + "\n" + "\n".join(lines) + "\n")
 
 
-def write_timeout_constant(workdir: Path, seconds: float) -> None:
-    """Set timeout_constant in the scratch copy's [tool.mutmut] section."""
+def write_timeout_constant(workdir: Path, target: Target) -> None:
+    """Set the target's timeout_constant and process_isolation in the copy's [tool.mutmut] section."""
     path = workdir / "pyproject.toml"
-    text = re.sub(r"\ntimeout_constant = [^\n]*", "", path.read_text())
-    path.write_text(text.rstrip() + f"\ntimeout_constant = {json.dumps(seconds)}\n")
+    text = re.sub(r"\n(timeout_constant|process_isolation) = [^\n]*", "", path.read_text())
+    path.write_text(
+        text.rstrip()
+        + f"\ntimeout_constant = {json.dumps(target.timeout_constant)}"
+        + f"\nprocess_isolation = {json.dumps(target.isolation)}\n"
+    )
 
 
 def mutmut_binary() -> str:
@@ -417,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                 earlier = collect(workdir, name, commit, args.sample)
                 todo = earlier.unchecked + (earlier.timeouts if args.retest_timeouts else [])
                 if args.retest_timeouts:
-                    write_timeout_constant(workdir, target.timeout_constant)
+                    write_timeout_constant(workdir, target)
                 if todo:
                     finished = run_mutmut(workdir, args.max_children, args.timeout, log, todo)
             elif args.sample == 1 and not reuse:
