@@ -140,7 +140,14 @@ class Runner:
         self.leases = leases
         self.emit = emit
         self.max_concurrent = max_concurrent or DEFAULT_MAX_CONCURRENT
-        self._messages: queue.Queue = queue.Queue()
+        self._messages: queue.SimpleQueue = queue.SimpleQueue()
+        # Worker threads are kept and reused: starting a thread per step made the main
+        # thread wait for each new thread to be scheduled (Thread.start), ~0.5 ms a step on
+        # a busy machine. `_idle` counts workers waiting on `_work`.
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._pool_lock = threading.Lock()
+        self._idle = 0
+        self._workers = 0
         self._stop = threading.Event()
         self.run_record: dict[str, Any] = {}
 
@@ -176,9 +183,7 @@ class Runner:
                         break
                     ready.remove(path)
                     running.add(path)
-                    threading.Thread(
-                        target=self._worker, args=(todo[path],), name=f"step:{todo[path].name}", daemon=True
-                    ).start()
+                    self._dispatch(todo[path])
                 kind, path, payload = self._messages.get()
                 if path not in running:
                     continue  # a late report from a step already written off (lease lost)
@@ -205,6 +210,9 @@ class Runner:
             self._stop.set()
             self._interrupt(running)
             raise
+        finally:
+            for _ in range(self._workers):
+                self._work.put(None)  # idle workers exit; busy ones (orphaned steps) after their step
         summary.duration = time.time() - start
         ok = [o for o in summary.outcomes.values() if o.ok]
         self.emit(
@@ -261,8 +269,31 @@ class Runner:
                 finally:
                     self.leases.release(path)
 
+    def _dispatch(self, row: PlannedStep) -> None:
+        """Hand `row` to an idle worker thread, or start one (at most one per running step)."""
+        with self._pool_lock:
+            reuse = self._idle > 0
+            if reuse:
+                self._idle -= 1
+            else:
+                self._workers += 1
+        if reuse:
+            self._work.put(row)
+        else:
+            threading.Thread(target=self._worker_loop, args=(row,), daemon=True).start()
+
     # -- worker threads -------------------------------------------------------
-    def _worker(self, row: PlannedStep) -> None:
+    def _worker_loop(self, row: PlannedStep | None) -> None:
+        while row is not None:
+            threading.current_thread().name = f"step:{row.name}"
+            result = self._worker(row)
+            threading.current_thread().name = "step:(idle)"
+            with self._pool_lock:
+                self._idle += 1  # before reporting: the main thread may dispatch at once
+            self._messages.put(("done", row.output_path, result))
+            row = self._work.get()
+
+    def _worker(self, row: PlannedStep) -> tuple[Outcome, str]:
         try:
             result = self._acquire_and_run(row)
         except BaseException as error:  # a bug or a storage error outside the step function
@@ -270,7 +301,7 @@ class Runner:
             self.leases.release(row.output_path)
             result = (Outcome.FAILED, f"executor error: {type(error).__name__}: {error}")
             self.emit(StepFailed(row.name, row.output_path, kind="error", error=result[1]))
-        self._messages.put(("done", row.output_path, result))
+        return result
 
     def _acquire_and_run(self, row: PlannedStep) -> tuple[Outcome, str]:
         path = row.output_path
