@@ -65,6 +65,10 @@ class Target:
     select: str = ""
     """A pytest -k expression that leaves out slow tests which add nothing here."""
 
+    ignore: tuple[str, ...] = ()
+    """Test files left out: ones that only run subprocesses teach mutmut nothing (it cannot see
+    which functions a subprocess reaches) and cost minutes in its set-up runs."""
+
     isolation: str = "fork"
     """mutmut's process_isolation: "forkserver" where forking a process that has imported the
     tests' libraries deadlocks (JAX/Levanter threads)."""
@@ -79,9 +83,11 @@ _EXECUTOR_TESTS = ("tests/executor", "tests/marin/test_untrusted_trees.py")
 # s3 runs the store contract against SeaweedFS (seconds to start, same code path as memory://).
 # The script-line test checks which frame raised, and mutmut's trampolines add frames.
 _EXECUTOR_SELECT = "not s3 and not test_an_invalid_step_name_at_the_top_of_a_script"
+# Subprocess-only: the same CLI cases run in this process in test_mutation_guards.py.
+_EXECUTOR_IGNORE = ("tests/executor/test_bad_cli.py", "tests/executor/test_main.py")
 
 TARGETS: dict[str, Target] = {
-    "executor": Target(("executor/*.py",), _EXECUTOR_TESTS, _EXECUTOR_SELECT),
+    "executor": Target(("executor/*.py",), _EXECUTOR_TESTS, _EXECUTOR_SELECT, _EXECUTOR_IGNORE),
     "safety": Target(
         ("marin/web/safety.py",),
         ("tests/marin/test_safety_mutants.py", "tests/marin/test_web.py"),
@@ -163,7 +169,7 @@ def target_for(name: str) -> Target:
     if name in TARGETS:
         return TARGETS[name]
     if name.startswith("executor/") and name.endswith(".py"):
-        return Target((name,), _EXECUTOR_TESTS, _EXECUTOR_SELECT)
+        return Target((name,), _EXECUTOR_TESTS, _EXECUTOR_SELECT, _EXECUTOR_IGNORE)
     raise SystemExit(f"unknown target {name!r}: use one of {', '.join(TARGETS)} or executor/<file>.py")
 
 
@@ -238,6 +244,7 @@ def prepare(workdir: Path, commit: str, target: Target, reuse: bool = False) -> 
         "pytest_add_cli_args": [
             *base.get("pytest_add_cli_args", ["-p", "no:cacheprovider"]),
             *(["-k", target.select] if target.select else []),
+            *(f"--ignore={path}" for path in target.ignore),
         ],
         "timeout_multiplier": base.get("timeout_multiplier", 10.0),
         "timeout_constant": target.timeout_constant,

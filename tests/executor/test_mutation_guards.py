@@ -606,6 +606,8 @@ def test_an_interrupted_run_marks_its_running_steps_failed_and_frees_their_lease
         if started.wait(timeout=30):
             os.kill(os.getpid(), signal.SIGINT)
 
+    # Python's own Ctrl-C handler, whatever the host process (a test runner) installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     run = Executor(str(tmp_path), console=False)
     helper = threading.Thread(target=interrupt_when_started)
     helper.start()
@@ -615,6 +617,7 @@ def test_an_interrupted_run_marks_its_running_steps_failed_and_frees_their_lease
     finally:
         release.set()
         helper.join(timeout=30)
+        signal.signal(signal.SIGINT, previous)
     path = run.output_paths[run.steps[0]]
     history = read_status(run.store, path)
     assert [(e.status, e.message) for e in history] == [
