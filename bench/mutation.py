@@ -120,7 +120,7 @@ _CACHE_KEY = (
 _UTF8_DEFAULT = "unquote decodes UTF-8 by default"
 
 EQUIVALENT: dict[tuple[str, str], str] = {
-    ("_real", 'key = "XX/XX".join(parts[: index + 1])'): _CACHE_KEY,
+    ("PrefixGuard._real", 'key = "XX/XX".join(parts[: index + 1])'): _CACHE_KEY,
     (
         "_sample_key",
         'return int.from_bytes(hashlib.blake2b(document_id.encode("utf-8"), digest_size=8).digest(), )',
@@ -128,10 +128,17 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("_merge_samples", 'by_rule.setdefault(sample["rule"], None).append(sample)'): (
         "every sample's rule is a key already (by_rule starts with all configured rules)"
     ),
-    ("_real", "cached = self._resolved.get(None)"): _CACHE_KEY,
+    ("PrefixGuard._real", "cached = self._resolved.get(None)"): _CACHE_KEY,
+    ("PrefixGuard._real", "cached = None"): _CACHE_KEY,
+    ("PrefixGuard._real", "self._resolved[key] = None"): _CACHE_KEY,
+    ("PrefixGuard._real", 'current = self.local_root or "XXXX"'): "_real runs only when local_root is set",
+    (
+        "PrefixGuard.__init__",
+        "self.store = None",
+    ): "PrefixGuard.store is read only in __init__ (to find the local root)",
     ("decode_path", 'decoded = unquote(raw_path, encoding=None, errors="strict")'): _UTF8_DEFAULT,
     ("decode_path", 'decoded = unquote(raw_path, errors="strict")'): _UTF8_DEFAULT,
-    # (function, the mutated line, stripped) -> why no test can tell the mutant from the original
+    # (function or Class.method, the mutated line, stripped) -> why no test can tell the mutant from the original
     ("map_markers", "if all(new is old for new, old in zip(items, obj, strict=None)):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"
     ),
@@ -329,7 +336,8 @@ def mutant_diff(sources: dict[str, str], mutant: str) -> tuple[str, list[str]]:
         for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
         if line[:1] in "+-" and line[:3] not in ("+++", "---") and "__mutmut_" not in line  # not the def line
     ]
-    function = re.sub(r"__mutmut_\d+$", "", local).removeprefix("x_").split("ǁ")[-1]
+    parts = re.sub(r"__mutmut_\d+$", "", local).split("ǁ")  # x_fn, or x, Class, method
+    function = parts[0].removeprefix("x_") if len(parts) == 1 else ".".join(parts[1:])
     return function, lines
 
 
