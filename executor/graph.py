@@ -190,15 +190,16 @@ def _is_clean_path(path: str) -> bool:
     return bool(parts) and not any(part in ("", ".", "..") for part in parts)
 
 
-def _direct_inputs(step: ExecutorStep) -> list[ExecutorStep]:
-    """The upstream steps referenced anywhere in `step`'s config, in field order."""
-    found: list[ExecutorStep] = []
+Marker = tuple[Any, str, int]
+"""A marker found in a step's config: (marker, field path, depth), in walk order."""
+
+
+def _find_markers(step: ExecutorStep) -> list[Marker]:
+    """Every marker in `step`'s config, in field order (one walk, shared by collection and versioning)."""
+    found: list[Marker] = []
 
     def visit(marker: Any, path: str, depth: int) -> Any:
-        if isinstance(marker, ExecutorStep):
-            found.append(marker)
-        elif isinstance(marker, InputName) and marker.step is not None:
-            found.append(marker.step)
+        found.append((marker, path, depth))
         return marker
 
     try:
@@ -210,14 +211,31 @@ def _direct_inputs(step: ExecutorStep) -> list[ExecutorStep]:
     return found
 
 
+def _upstream(markers: list[Marker]) -> list[ExecutorStep]:
+    """The upstream steps the markers refer to, in field order."""
+    found = []
+    for marker, _, _ in markers:
+        if isinstance(marker, ExecutorStep):
+            found.append(marker)
+        elif isinstance(marker, InputName) and marker.step is not None:
+            found.append(marker.step)
+    return found
+
+
 def collect_steps(roots: Iterable[ExecutorStep]) -> list[ExecutorStep]:
     """All steps reachable from `roots`, dependencies first. Raises on a cycle.
 
     Iterative, so a 10,000-step chain does not hit Python's recursion limit.
     """
+    return _collect(roots)[0]
+
+
+def _collect(roots: Iterable[ExecutorStep]) -> tuple[list[ExecutorStep], dict[int, list[Marker]]]:
+    """`collect_steps`, and the markers of each step by id."""
     order: list[ExecutorStep] = []
     state: dict[int, int] = {}  # id -> 1 while on the stack, 2 when done
     inputs_cache: dict[int, list[ExecutorStep]] = {}
+    markers: dict[int, list[Marker]] = {}
     for root in roots:
         validate_declaration(root)
         if state.get(id(root)) == 2:
@@ -229,7 +247,8 @@ def collect_steps(roots: Iterable[ExecutorStep]) -> list[ExecutorStep]:
             node, index = stack[-1]
             inputs = inputs_cache.get(id(node))
             if inputs is None:
-                inputs = inputs_cache[id(node)] = _direct_inputs(node)
+                found = markers[id(node)] = _find_markers(node)
+                inputs = inputs_cache[id(node)] = _upstream(found)
             if index < len(inputs):
                 stack[-1] = (node, index + 1)
                 child = inputs[index]
@@ -249,21 +268,32 @@ def collect_steps(roots: Iterable[ExecutorStep]) -> list[ExecutorStep]:
                 path.pop()
                 state[id(node)] = 2
                 order.append(node)
-    return order
+    return order, markers
 
 
-@dataclass
 class _VersionBuilder:
-    """Mutable scratch space for one step's walk; discarded after resolution."""
+    """Mutable scratch space for resolving one step; discarded after resolution."""
 
-    step: ExecutorStep
-    prefix: str
-    resolved: dict[int, ResolvedStep]
-    config_version: dict[str, Any] = field(default_factory=dict)
-    dep_hashes: list[str] = field(default_factory=list)
-    dep_paths: list[str] = field(default_factory=list)
-    blocking: dict[str, bool] = field(default_factory=dict)
-    output_path: str | None = None  # known only after the version; filled in a second pass
+    __slots__ = (
+        "step",
+        "prefix",
+        "resolved",
+        "config_version",
+        "dep_hashes",
+        "dep_paths",
+        "blocking",
+        "output_path",
+    )
+
+    def __init__(self, step: ExecutorStep, prefix: str, resolved: dict[int, ResolvedStep]):
+        self.step = step
+        self.prefix = prefix
+        self.resolved = resolved
+        self.config_version: dict[str, Any] = {}
+        self.dep_hashes: list[str] = []
+        self.dep_paths: list[str] = []
+        self.blocking: dict[str, bool] = {}
+        self.output_path: str | None = None  # known only once the version is
 
     def dep_index(self, upstream: ResolvedStep, block: bool) -> int:
         if upstream.output_path in self.blocking:
@@ -282,8 +312,8 @@ class _VersionBuilder:
             )
         self.config_version[path] = value
 
-    def on_marker(self, marker: Any, path: str, depth: int) -> Any:
-        """Walker callback: record the marker in the version, return its concrete value."""
+    def add(self, marker: Any, path: str, depth: int) -> None:
+        """Record a marker of the step's config in its version."""
         if isinstance(marker, ExecutorStep):
             marker = InputName(marker, None)
         if isinstance(marker, InputName):
@@ -293,13 +323,11 @@ class _VersionBuilder:
                         f"step {self.step.name!r}, field {path!r}: empty hard-coded path"
                     )
                 self.record(path, marker.name)
-                if is_absolute_path(marker.name):
-                    return marker.name
-                return join_path(self.prefix, marker.name)
+                return
             upstream = self.resolved[id(marker.step)]
             index = self.dep_index(upstream, marker.block_on_step)
             self.record(path, f"DEP[{index}]" + (f"/{marker.name}" if marker.name else ""))
-            return join_path(upstream.output_path, marker.name)
+            return
         if isinstance(marker, VersionedValue):
             try:
                 encoded = encode(marker.value, path, depth=depth)  # one depth limit for the whole config
@@ -312,30 +340,33 @@ class _VersionBuilder:
             except UnencodableValueError as error:
                 raise StepDefinitionError(f"step {self.step.name!r}: versioned {error}") from None
             self.record(path, encoded)
+            return
+        if not isinstance(marker, OutputName):
+            raise AssertionError(f"unexpected marker {marker!r}")
+
+    def concrete(self, marker: Any, path: str, depth: int) -> Any:
+        """Walker callback, once the output path is known: the marker's concrete value."""
+        if isinstance(marker, VersionedValue):
             return marker.value
         if isinstance(marker, OutputName):
-            return marker  # filled in once the output path is known
-        raise AssertionError(f"unexpected marker {marker!r}")
-
-
-def _fill_output_paths(config: Any, output_path: str) -> Any:
-    return map_markers(
-        config,
-        lambda marker, _path, _depth: (
-            join_path(output_path, marker.name) if isinstance(marker, OutputName) else marker
-        ),
-    )
+            return join_path(self.output_path, marker.name)
+        if isinstance(marker, ExecutorStep):
+            return self.resolved[id(marker)].output_path
+        if marker.step is None:  # an InputName with a hard-coded path
+            return marker.name if is_absolute_path(marker.name) else join_path(self.prefix, marker.name)
+        return join_path(self.resolved[id(marker.step)].output_path, marker.name)
 
 
 def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
     """Collect, version and place every step reachable from `roots`."""
-    declarations = collect_steps(roots)
+    declarations, markers = _collect(roots)
     resolved: dict[int, ResolvedStep] = {}
     by_path: dict[str, ResolvedStep] = {}
     unique: list[ResolvedStep] = []
     for step in declarations:
         builder = _VersionBuilder(step=step, prefix=prefix, resolved=resolved)
-        partial_config = map_markers(step.config, builder.on_marker)
+        for marker, path, depth in markers[id(step)]:
+            builder.add(marker, path, depth)
         version = {"name": step.name, "config": builder.config_version, "dependencies": builder.dep_hashes}
         version_json = canonical_json(version)
         if len(version_json) > MAX_VERSION_BYTES // 4 and len(version_json.encode()) > MAX_VERSION_BYTES:
@@ -355,13 +386,14 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
                     output_path,
                     default_path,
                 )
+        builder.output_path = output_path
         candidate = ResolvedStep(
             step=step,
             name=step.name,
             version=version,
             version_hash=version_hash,
             output_path=output_path,
-            config=_fill_output_paths(partial_config, output_path),
+            config=_concrete_config(step, builder) if markers[id(step)] else step.config,
             blocking_deps=tuple(p for p in builder.dep_paths if builder.blocking[p]),
             nonblocking_deps=tuple(p for p in builder.dep_paths if not builder.blocking[p]),
         )
@@ -376,6 +408,14 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
     return StepGraph(
         prefix=prefix, steps=tuple(unique), by_declaration=resolved, declarations=tuple(declarations)
     )
+
+
+def _concrete_config(step: ExecutorStep, builder: _VersionBuilder) -> Any:
+    """The config with every marker replaced by its concrete value (one walk)."""
+    try:
+        return map_markers(step.config, builder.concrete)
+    except ValueError as error:  # a placeholder in an init=False field
+        raise StepDefinitionError(f"step {step.name!r}: {error}") from None
 
 
 def _refuse_large_version(step: ExecutorStep, config_version: dict[str, Any], size: int) -> None:

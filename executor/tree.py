@@ -120,21 +120,20 @@ class StatusEvent:
             raise ValueError(f"a JSON {type(record).__name__}, not a status event object")
         pop = record.pop
         status = _parse_status_word(pop("status", None))
-        fields = {key: pop(key, None) for key in ("date", "message", "worker")}
-        for key, value in [*fields.items(), *((k, record[k]) for k in _STRING_EXTRAS if k in record)]:
-            if value is not None and not isinstance(value, str):
+        date, message, worker = pop("date", None), pop("message", None), pop("worker", None)
+        get = record.get
+        strings = (date, message, worker, get("version_hash"), get("config_digest"))
+        for key, value in zip(_STRING_FIELDS, strings, strict=True):
+            if value is not None and type(value) is not str:  # (what JSON decodes as a string is a str)
                 raise ValueError(f"field {key!r} is a {type(value).__name__}, not a string")
-        return StatusEvent(
-            date=fields["date"] or "",
-            status=status,
-            message=fields["message"],
-            worker=fields["worker"],
-            extra=record,
-        )
+        return StatusEvent(date=date or "", status=status, message=message, worker=worker, extra=record)
 
 
 _STRING_EXTRAS = ("version_hash", "config_digest")
 """Extra fields the planner compares as strings."""
+
+_STRING_FIELDS = ("date", "message", "worker", *_STRING_EXTRAS)
+"""Fields that must be strings (or null), in the order they are checked."""
 
 
 def _parse_status_word(word: Any) -> Status:
@@ -197,6 +196,13 @@ def read_last_status(store: Store, output_path: str) -> StatusEvent | None:
     the file.
     """
     path = status_path(output_path)
+    local = store.local_path(path)
+    if local is not None:
+        data = _read_local_head(local, path)
+        if data is None:
+            return None
+        if len(data) < STATUS_TAIL_BYTES:  # the whole file: the usual case, one read
+            return parse_last_status(_decode(data, path), path)
     for limit in (STATUS_TAIL_BYTES, STATUS_MAX_LINE_BYTES):
         data, whole = _read_tail(store, path, limit)
         if data is None:
@@ -224,6 +230,25 @@ def _decode(data: bytes, path: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise StatusFileError(path, f"not UTF-8 text (byte {error.start} of what was read)") from None
+
+
+def _read_local_head(local: str, path: str) -> bytes | None:
+    """Up to STATUS_TAIL_BYTES from the start of a local file in one `os.read` (no fstat: a
+    status file is a few hundred bytes); None when it does not exist. Raises like `_read_tail`."""
+    try:
+        fd = os.open(local, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
+    try:
+        return os.read(fd, STATUS_TAIL_BYTES)
+    except IsADirectoryError:
+        raise StatusFileError(path, "it is a directory, not a file") from None
+    except OSError as error:
+        raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
+    finally:
+        os.close(fd)
 
 
 def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None, bool]:

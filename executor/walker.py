@@ -46,7 +46,7 @@ def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int 
     if isinstance(obj, MARKER_TYPES):
         return on_marker(obj, path, depth)
     kind = type(obj)
-    if kind is str or kind is int or kind is float or kind is bool or obj is None:  # most leaves
+    if kind in _LEAVES:
         return obj
     if depth >= MAX_DEPTH and (
         isinstance(obj, (list, tuple, dict, set, frozenset)) or dataclasses.is_dataclass(obj)
@@ -56,38 +56,64 @@ def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int 
             f"deep (at {short_path(path)}); flatten the config"
         )
     depth += 1
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    fields = _FIELDS.get(kind)
+    if fields is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = _FIELDS[kind] = tuple((field.name, field.init) for field in dataclasses.fields(kind))
+    # Below, exact str/int/float/bool/None children are skipped without a call: most are.
+    if fields is not None:
         changes = {}
-        for field in dataclasses.fields(obj):
-            old = getattr(obj, field.name)
-            new = map_markers(old, on_marker, child_path(path, field.name), depth)
+        for name, init in fields:
+            old = getattr(obj, name)
+            if type(old) in _LEAVES:
+                continue
+            new = map_markers(old, on_marker, f"{path}.{name}" if path else name, depth)
             if new is not old:
-                if not field.init:
+                if not init:
                     raise ValueError(
-                        f"config field {child_path(path, field.name)!r} has init=False but holds "
+                        f"config field {child_path(path, name)!r} has init=False but holds "
                         f"{type(old).__name__}; placeholders can only be used in init fields"
                     )
-                changes[field.name] = new
+                changes[name] = new
         return dataclasses.replace(obj, **changes) if changes else obj
     if isinstance(obj, (list, tuple)):
-        items = [map_markers(item, on_marker, child_path(path, i), depth) for i, item in enumerate(obj)]
-        if all(new is old for new, old in zip(items, obj, strict=True)):
+        items = None
+        for index, item in enumerate(obj):
+            if type(item) in _LEAVES:
+                continue
+            new = map_markers(item, on_marker, f"{path}[{index}]", depth)
+            if new is not item:
+                if items is None:
+                    items = list(obj)
+                items[index] = new
+        if items is None:
             return obj
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
             return type(obj)(*items)
         return type(obj)(items)
     if isinstance(obj, dict):
-        out = {
-            key: map_markers(value, on_marker, child_path(path, str(key)), depth)
-            for key, value in obj.items()
-        }
-        if all(out[key] is value for key, value in obj.items()):
+        out = None
+        for key, value in obj.items():
+            if type(value) in _LEAVES:
+                continue
+            new = map_markers(value, on_marker, child_path(path, str(key)), depth)
+            if new is not value:
+                if out is None:
+                    out = dict(obj)
+                out[key] = new
+        if out is None:
             return obj
         return type(obj)(out) if type(obj) is not dict else out
     if isinstance(obj, (set, frozenset)):  # markers cannot be replaced inside a set: only check the depth
         for item in obj:
             map_markers(item, _unchanged, f"{path}[*]", depth)
     return obj
+
+
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+"""Exact types that are never markers or containers: returned as they are."""
+
+_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
+"""(name, init) of every field of each dataclass type walked so far."""
 
 
 def _unchanged(marker: Any, path: str, depth: int) -> Any:
