@@ -176,10 +176,24 @@ def _child(path: str, key: str) -> str:
 # One encoder object: json.dumps with non-default options builds a new encoder per call.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
+# And one C encoder made from it: `JSONEncoder.encode` builds one per call (half the cost of
+# encoding a version). Without a circular-reference check (`markers` None), so it keeps no
+# state between calls and threads can share it; encoded values are trees (a cycle would be
+# a RecursionError rather than a ValueError).
+_C_ENCODE = (
+    json.encoder.c_make_encoder(
+        None, _CANONICAL.default, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+    if json.encoder.c_make_encoder is not None
+    else None
+)
+
 
 def canonical_json(value: Any) -> str:
     """Compact, key-sorted JSON of already-encoded primitives."""
-    return _CANONICAL.encode(value)
+    if _C_ENCODE is None:
+        return _CANONICAL.encode(value)
+    return "".join(_C_ENCODE(value, 0))
 
 
 def sha256_hex(text: str) -> str:

@@ -28,7 +28,6 @@ import enum
 import re
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from executor.diffing import diff_flat, diff_versions, flatten
@@ -70,6 +69,8 @@ class RunOnlyError(ValueError):
 
 @dataclass(frozen=True)
 class PlannedStep:
+    """One row of the plan: what happens to a step, and why."""
+
     step: ResolvedStep
     action: Action
     reason: str
@@ -99,6 +100,8 @@ class PlannedStep:
 
 @dataclass(frozen=True)
 class Plan:
+    """Every selected step's row; `format()` is what the console prints."""
+
     rows: tuple[PlannedStep, ...]
     """Selected steps in topological order."""
 
@@ -162,6 +165,8 @@ def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, Ste
     # take a round trip each, so they go in parallel, in batches to keep task overhead low.
     if store.local_path("/") is not None or len(steps) <= 1:
         return {step.output_path: _read_status(store, step.output_path) for step in steps}
+    from concurrent.futures import ThreadPoolExecutor  # (imported only for object stores)
+
     batches = [steps[i : i + 64] for i in range(0, len(steps), 64)]
     with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
         results = pool.map(lambda batch: [_read_status(store, step.output_path) for step in batch], batches)
