@@ -197,6 +197,27 @@ ENCODED_LEAVES = [
 ]
 
 
-@pytest.mark.parametrize(("value", "expected"), ENCODED_LEAVES, ids=[repr(v) for v, _ in ENCODED_LEAVES])
+LEAF_IDS = [
+    "negative-zero",
+    "tiny-float",
+    "tenth",
+    "big-int",
+    "none",
+    "true",
+    "false",
+    "non-ascii",
+    "control-chars",
+    "path",
+    "enum",
+    "str-enum",
+    "tuple",
+    "bytes",
+    "int-key-dict",
+    "frozenset",
+    "dataclass",
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), ENCODED_LEAVES, ids=LEAF_IDS)
 def test_each_kind_of_value_encodes_to_exactly_this_json(value, expected):
     assert canonical_json(encode(value)) == expected

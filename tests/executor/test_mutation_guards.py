@@ -98,10 +98,10 @@ def read_both(config: TwoRefsConfig) -> None:
         json.dump(seen, handle)
 
 
-NONBLOCKING_SPELLINGS = {
-    "step.nonblocking()": lambda step: step.nonblocking(),
-    "output_path_of(step).nonblocking()": lambda step: output_path_of(step).nonblocking(),
-    "InputName(step, None).nonblocking()": lambda step: InputName(step, None).nonblocking(),
+NONBLOCKING_SPELLINGS = {  # step.nonblocking(), output_path_of(step).nonblocking(), InputName(...).nonblocking()
+    "step": lambda step: step.nonblocking(),
+    "output_path_of": lambda step: output_path_of(step).nonblocking(),
+    "InputName": lambda step: InputName(step, None).nonblocking(),
 }
 
 
@@ -797,6 +797,7 @@ def test_decode_template_rebuilds_each_kind():
             "field 'v' held a socket.socket (<s>), which was not recorded in a form that can be rebuilt",
         ),
     ],
+    ids=lambda value: "case",
 )
 def test_malformed_template_records_are_refused_naming_the_field(record, message):
     with pytest.raises(TemplateError) as refused:
@@ -931,6 +932,7 @@ def abc_steps() -> list[ExecutorStep]:
         ),
         (["--config_path", "/no/such/flags.yaml"], ["cannot read the flags", "FileNotFoundError"]),
     ],
+    ids=lambda value: "case",
 )
 def test_bad_flags_exit_2_with_one_error_line(cli, capsys, args, fragments):
     assert cli(abc_steps(), *args) == 2
@@ -956,6 +958,7 @@ def test_bad_flags_exit_2_with_one_error_line(cli, capsys, args, fragments):
             "the default --lease_heartbeat (10s) must be smaller than MARIN_LEASE_TIMEOUT (5s)",
         ),
     ],
+    ids=lambda value: "case",
 )
 def test_bad_lease_variables_exit_2_naming_the_variable(cli, capsys, monkeypatch, env, fragment):
     for name, value in env.items():

@@ -564,6 +564,7 @@ def test_rewrites_are_counted_only_when_the_text_changes(tmp_path):
         ({"id": "x", "text": 5}, "{shard}, document 1 (id 'x'): field 'text' must be a string, got int"),
         ({"text": "t"}, "{shard}, document 1: missing field 'id'; every document needs one"),
     ],
+    ids=lambda value: "case",
 )
 def test_malformed_documents_are_refused_naming_shard_and_position(tmp_path, document, message):
     source = write_corpus(tmp_path / "in", [document])
