@@ -149,6 +149,15 @@ def _check(config: TokenizeConfig) -> None:
         raise ValueError(f"TokenizeConfig.builder={config.builder!r}: must be one of {', '.join(BUILDERS)}")
     if config.num_shard_groups is not None and config.num_shard_groups < 1:
         raise ValueError(f"TokenizeConfig.num_shard_groups={config.num_shard_groups}: must be >= 1 or None")
+    if config.output_path.startswith("s3://"):
+        # Levanter's cache arrays go through tensorstore, which (with this Levanter) writes an
+        # s3:// path to a local folder named "s3:" without an error: refuse rather than mark a
+        # step successful whose data no other machine can read.
+        raise ValueError(
+            f"TokenizeConfig.output_path={config.output_path!r}: s3:// is not supported for Levanter "
+            "caches yet (tensorstore would write them under a local folder named 's3:'); use a local "
+            "prefix or gs://"
+        )
 
 
 # ---------------------------------------------------------------------------- split

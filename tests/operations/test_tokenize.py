@@ -124,6 +124,16 @@ def test_bad_settings_are_rejected_with_the_field_named(tmp_path, fields, messag
         tokenize(TokenizeConfig(str(tmp_path), "unused", str(tmp_path / "out"), **fields))
 
 
+def test_an_s3_output_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """tensorstore would put the cache in a local folder named 's3:': refuse, write nothing."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"TokenizeConfig.output_path='s3://bkt/tok': s3:// is not supported"
+    ):
+        tokenize(TokenizeConfig(str(tmp_path), "unused", "s3://bkt/tok"))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_importing_the_operations_does_not_import_levanter_jax_or_ray():
     code = (
         "import sys, operations.tokenize, operations.tokenizer; "
