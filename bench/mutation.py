@@ -347,6 +347,67 @@ def in_sample(mutant: str, sample: int) -> bool:
     return sample == 1 or zlib.crc32(mutant.encode()) % sample == 0
 
 
+def run_direct(workdir: Path, target: Target, names: list[str], max_children: int, timeout: float) -> None:
+    """Test `names` without mutmut's runner: per mutant, pytest on the test files that reach its
+    function (mutmut's recorded stats), in a fresh process with MUTANT_UNDER_TEST set. Results
+    go into mutmut's .meta files, so `collect` reads them as usual.
+
+    A fallback for when mutmut's in-process runner refuses a test selection (it reported a
+    usage error, exit 4, for this project's executor suite while the same tests pass alone).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    mutants = workdir / "mutants"
+    recorded = json.loads((mutants / "mutmut-stats.json").read_text())
+    stats, durations = recorded["tests_by_mangled_function_name"], recorded["duration_by_test"]
+    extra = [*(["-k", target.select] if target.select else []), *(f"--ignore={p}" for p in target.ignore)]
+    listing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *extra,
+            *target.tests,
+        ],
+        cwd=mutants,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    existing = {line.strip() for line in listing if "::" in line}
+
+    def one(mutant: str) -> tuple[str, int]:
+        function = re.sub(r"__mutmut_\d+$", "", mutant)
+        tests = sorted(
+            (t for t in stats.get(function, ()) if t in existing), key=lambda t: durations.get(t, 0)
+        )
+        if not tests:
+            return mutant, 33
+        env = {**os.environ, "MUTANT_UNDER_TEST": mutant, "PYTHONDONTWRITEBYTECODE": "1"}
+        command = ["nice", "-n", "10", sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"]
+        try:
+            result = subprocess.run(
+                [*command, *tests], cwd=mutants, env=env, capture_output=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return mutant, 36
+        code = result.returncode
+        return mutant, {0: 0, 5: 5, 4: 4}.get(code, 1)
+
+    with ThreadPoolExecutor(max_workers=max_children) as pool:
+        results = dict(pool.map(one, names))
+    for meta in (workdir / "mutants").rglob("*.py.meta"):
+        data = json.loads(meta.read_text())
+        codes = data.get("exit_code_by_key", {})
+        changed = {k: results[k] for k in codes if k in results}
+        if changed:
+            codes.update(changed)
+            meta.write_text(json.dumps(data, indent=4))
+
+
 def collect(workdir: Path, name: str, commit: str, sample: int = 1) -> Report:
     report = Report(name=name, commit=commit, sample=sample)
     for meta in sorted((workdir / "mutants").rglob("*.py.meta")):
@@ -420,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --resume: test the timed-out mutants again (after raising the target's timeout)",
     )
     parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="with --resume: run each mutant's tests in a fresh pytest process instead of mutmut's runner",
+    )
+    parser.add_argument("--direct-timeout", type=float, default=300, help="seconds per mutant with --direct")
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="incremental: keep an earlier run's verdicts in --workdir; mutmut re-tests the functions "
@@ -444,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
                 todo = earlier.unchecked + (earlier.timeouts if args.retest_timeouts else [])
                 if args.retest_timeouts:
                     write_timeout_constant(workdir, target)
-                if todo:
+                if todo and args.direct:
+                    run_direct(workdir, target, todo, args.max_children, args.direct_timeout)
+                elif todo:
                     finished = run_mutmut(workdir, args.max_children, args.timeout, log, todo)
             elif args.sample == 1 and not reuse:
                 prepare(workdir, commit, target)
