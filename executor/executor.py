@@ -127,7 +127,9 @@ class Executor:
                     )
             if dry_run:
                 return plan
-            errors = [row for row in plan.rows if row.action == Action.ERROR]
+            # A step that failed before stops the whole run (without force_run_failed); one whose
+            # status file cannot be read fails alone in the runner, and the rest runs (issue 9).
+            errors = [row for row in plan.rows if row.action == Action.ERROR and row.status_error is None]
             if errors:
                 raise ValueError(
                     "steps failed previously and force_run_failed is off:\n"

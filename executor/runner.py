@@ -297,14 +297,23 @@ class Runner:
         try:
             result = self._acquire_and_run(row)
         except BaseException as error:  # a bug or a storage error outside the step function
-            logger.exception("executor error while running %s", row.name)
-            self.leases.release(row.output_path)
+            # One line on the console (the run ends with an `error:` line naming the step); the
+            # traceback is the executor's, not the step's, so it goes to DEBUG.
+            logger.error("executor error while running %s: %s: %s", row.name, type(error).__name__, error)
+            logger.debug("traceback of the executor error in %s", row.name, exc_info=True)
+            try:
+                self.leases.release(row.output_path)
+            except Exception as release_error:  # storage still failing: the lease times out by itself
+                logger.error("could not release the lease on %s: %s", row.output_path, release_error)
             result = (Outcome.FAILED, f"executor error: {type(error).__name__}: {error}")
             self.emit(StepFailed(row.name, row.output_path, kind="error", error=result[1]))
         return result
 
     def _acquire_and_run(self, row: PlannedStep) -> tuple[Outcome, str]:
         path = row.output_path
+        if row.action == Action.ERROR:  # planned as an error (its status file cannot be read): never run
+            self.emit(StepFailed(row.name, path, kind="error", error=row.reason))
+            return Outcome.FAILED, row.reason
         announced: str | None = None
         # The plan read the status of a step it runs: try the lease first, and read the
         # status again once the lease is ours (or when someone else holds it).

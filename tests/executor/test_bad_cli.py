@@ -284,10 +284,6 @@ def test_storage_that_fails_after_its_retries_is_one_error_line(tmp_path, mode, 
     only_the_script(tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the runner.py change proposed in issue 9: log executor errors in one line, traceback at DEBUG",
-)
 def test_storage_failing_in_the_middle_of_a_run_is_one_error_line(tmp_path):
     result = run_study(tmp_path, "--prefix", "flaky://bucket/out", mode="write_timeout")
     error_line(result, 1, "TimeoutError", "write timed out")
@@ -370,10 +366,6 @@ def test_an_unreadable_status_file_is_one_error_line_naming_the_file_and_the_fix
     assert status_file.is_dir() if kind == "directory" else status_file.read_bytes() == CORRUPTIONS[kind]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the executor.py/runner.py change proposed in issue 9: an error row fails alone",
-)
 def test_an_unreadable_status_file_does_not_stop_unrelated_steps(tmp_path):
     status_file = _status_file_of_a(tmp_path)
     _corrupt(status_file, "truncated")
