@@ -579,7 +579,7 @@ def test_malformed_documents_are_refused_naming_shard_and_position(tmp_path, doc
 
 def split_texts(config: TokenizeConfig) -> dict[str, list[str]]:
     return {
-        split: [row["text"] for row in tokenize_module.split_source(config, split)]
+        split: [row[config.text_field] for row in tokenize_module.split_source(config, split)]
         for split in ("train", "validation")
     }
 
