@@ -52,7 +52,6 @@ import random
 import shutil
 import statistics
 import struct
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -65,6 +64,7 @@ import fsspec  # noqa: E402
 import numpy as np  # noqa: E402
 import xxhash  # noqa: E402
 from datatrove.utils.word_tokenizers import WordTokenizer  # noqa: E402
+from revision import commit  # noqa: E402
 
 from operations.dedup import DedupConfig, deduplicate  # noqa: E402
 from operations.shards import list_shards, read_documents, shard_name, write_documents  # noqa: E402
@@ -426,18 +426,6 @@ def format_table(result: dict[str, Any], commit: str) -> str:
             reasons[item["reason"]] = reasons.get(item["reason"], 0) + 1
         lines.append(f"removed {side.replace('_', ' by ')}: {len(removals[side])} {reasons}")
     return "\n".join(lines)
-
-
-def commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "operations", "bench"],
-        cwd=here,
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main() -> None:

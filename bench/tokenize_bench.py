@@ -41,7 +41,6 @@ import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -49,6 +48,8 @@ import time
 from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from revision import commit  # noqa: E402
 
 from operations.shards import iter_documents, shard_name, write_documents  # noqa: E402
 
@@ -232,18 +233,6 @@ def print_ratios(result: dict[str, Any]) -> None:
     if "ratio_ray" in result:
         print(f"tokenize_vs_fast_ray={result['ratio_ray']:.3f}")
     print(f"tokenize_vs_fast={result['ratio']:.3f}")
-
-
-def commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "operations", "bench"],
-        cwd=here,
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main() -> None:
