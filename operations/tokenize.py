@@ -55,6 +55,7 @@ Training loads the result with `lm_data_config(output_path, tokenizer)`:
 from __future__ import annotations
 
 import functools
+import io
 import logging
 import os
 import sys
@@ -238,7 +239,9 @@ def _read_texts(shard: str, text_field: str) -> Iterator[tuple[str, str]]:
     """(id, text) of every document of one shard, with errors naming the shard, line and field."""
     compression = "gzip" if shard.endswith(".gz") else "zstd" if shard.endswith(".zst") else None
     with fsspec.open(shard, "rb", compression=compression) as handle:
-        for number, line in enumerate(handle, 1):
+        # zstandard's stream reader cannot be iterated by lines: buffer it (gzip's can).
+        lines = io.BufferedReader(handle) if compression == "zstd" else handle
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:

@@ -600,11 +600,6 @@ def test_plain_and_gzip_shards_are_split_alike(tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="operations/tokenize.py _read_texts iterates lines of fsspec's zstd stream, which does not "
-    "support it (io.UnsupportedOperation); operations.shards writes .jsonl.zst shards",
-)
 def test_zstd_shards_are_split_too(tmp_path):
     write_documents(str(tmp_path / "zst" / "shard-00000.jsonl.zst"), [{"id": "a", "text": "hello"}])
     config = TokenizeConfig(str(tmp_path / "zst"), "unused", str(tmp_path / "o"), validation_fraction=0.5)
