@@ -237,3 +237,23 @@ def test_a_driver_that_loses_its_lease_stops_waiting_and_does_not_mark_success(t
     time.sleep(0.5)
     assert Status.SUCCESS not in [e.status for e in read_status(executor.store, output)]
     assert LeaseRecord.parse(executor.store.read_bytes(lease_path(output))).worker == "thief"
+
+
+def test_a_lease_taken_over_between_heartbeats_is_caught_when_the_step_returns(tmp_path):
+    """No heartbeat runs while the step does (the interval is long), so only the final check
+    before SUCCESS can see the takeover: the step must end lease_lost, never SUCCESS."""
+    slow_heartbeats = LeaseConfig(heartbeat_interval=600, timeout=1200, poll_interval=0.05)
+    executor = Executor(str(tmp_path), console=False, lease_config=slow_heartbeats)
+    thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600, acquired=time.time())
+
+    def taken_over_while_running(config):
+        executor.store.write_atomic(lease_path(config.output_path), thief.to_bytes())
+
+    step = ExecutorStep(
+        "taken", taken_over_while_running, WriteConfig(output_path=this_output_path(), value=versioned(1))
+    )
+    with pytest.raises(ExecutorRunError, match="lease_lost"):
+        executor.run([step])
+    output = executor.plan.rows[0].output_path
+    assert [e.status for e in read_status(executor.store, output)] == [Status.RUNNING]
+    assert LeaseRecord.parse(executor.store.read_bytes(lease_path(output))).worker == "thief"
