@@ -38,6 +38,8 @@ def flatten(value: Any, path: str = "", out: dict[str, Any] | None = None) -> di
     """Nested dicts/lists of primitives -> {dotted path: leaf}."""
     if out is None:
         out = {}
+        if value == {} or value == []:
+            return out  # nothing recorded is no field, not a field named "" (which would print as removed)
     if isinstance(value, dict) and value:
         for key, item in value.items():
             flatten(item, f"{path}.{key}" if path else str(key), out)

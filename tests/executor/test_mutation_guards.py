@@ -1226,3 +1226,11 @@ def test_steps_that_failed_before_are_listed_when_force_run_failed_is_off(tmp_pa
     lines = str(refused.value).splitlines()
     assert lines[0] == "steps failed previously and force_run_failed is off:"
     assert [line.split(":")[0] for line in lines[1:]] == ["  - x", "  - y"]
+
+
+def test_an_empty_record_flattens_to_no_fields():
+    """A version with nothing recorded explains a change as the added fields alone."""
+    assert flatten({}) == {} and flatten([]) == {}
+    assert flatten({"a": {}}) == {"a": {}}  # an empty field is still a field
+    changes = diff_flat(flatten({}), flatten({"lr": 0.1}))
+    assert [(c.field, c.new) for c in changes] == [("lr", 0.1)] and "added" in changes[0].describe()
