@@ -413,8 +413,9 @@ def _decode(record: Any, input_step: Callable[[str], ExecutorStep], path: str, p
                 raise TemplateError(f"{_at(path)}: a recorded dict key is unhashable ({error})") from error
         return out
     if "__bytes__" in record:
+        text = _expect(record["__bytes__"], str, path, "'__bytes__'")  # outside the try: its own message
         try:
-            return bytes.fromhex(_expect(record["__bytes__"], str, path, "'__bytes__'"))
+            return bytes.fromhex(text)
         except ValueError as error:
             raise TemplateError(f"{_at(path)}: '__bytes__' is not hex ({error})") from error
     if "__path__" in record:

@@ -109,7 +109,10 @@ class PrefixGuard:
         self._resolved: dict[str, str] = {}
 
     def inside(self, real: str) -> bool:
-        root = self.local_root or ""
+        if self.local_root is None:
+            # Object stores have no resolved local paths to compare: nothing is "inside".
+            return False
+        root = self.local_root
         return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
     def resolve(self, relpath: str) -> Target:

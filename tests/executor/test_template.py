@@ -165,3 +165,11 @@ def test_modules_are_imported_only_from_allowed_places(tmp_path, monkeypatch):
     with pytest.raises(TemplateError, match="would be imported from"):  # excluded wins over the checkout
         TrustedCode(checkout=str(tmp_path), excluded=[str(tmp_path)]).resolve("planted_module:Thing")
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_bytes_field_of_the_wrong_type_is_named_once():
+    with pytest.raises(TemplateError) as refused:
+        decode_template({"__bytes__": 7}, lambda path: None)
+    assert "is not hex" not in str(refused.value) and "'__bytes__'" in str(refused.value)
+    with pytest.raises(TemplateError, match="'__bytes__' is not hex"):
+        decode_template({"__bytes__": "zz"}, lambda path: None)

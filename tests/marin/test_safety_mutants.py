@@ -217,3 +217,8 @@ def test_relative_paths_are_stripped_and_checked(relpath, expected):
 def test_bad_relative_paths_are_refused(relpath):
     with pytest.raises(Refused):
         check_relpath(relpath)
+
+
+def test_on_an_object_store_no_local_path_counts_as_inside():
+    guard = PrefixGuard("memory://bucket/out", open_store("memory://bucket/out"))
+    assert not guard.inside("/etc/passwd") and not guard.inside("")
