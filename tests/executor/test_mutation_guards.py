@@ -751,7 +751,7 @@ def test_decode_template_rebuilds_each_kind():
         ({"a": {"__tuple__": "x"}}, "field 'a': '__tuple__' is str, not what the template format has"),
         (
             {"a": {"b": [{"__bytes__": 1}]}},
-            "field 'a.b[0]': '__bytes__' is not hex (field 'a.b[0]': '__bytes__' is int, not what the template",
+            "field 'a.b[0]': '__bytes__' is int, not what the template format has",
         ),
         ({"__bytes__": "zz"}, "field '<root>': '__bytes__' is not hex (non-hexadecimal number found"),
         ({"__dict__": [[1]]}, "field '<root>': '__dict__' holds [1], not a [key, value] pair"),
