@@ -73,3 +73,21 @@ def sleep_step(config: SleepConfig) -> None:
 
 def noop(config) -> None:
     record_call(getattr(config, "key", "noop"))
+
+
+def modules_loaded_by(code: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of `modules` a fresh interpreter has loaded after running `code` (import-cost tests)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    probe = f"{code}\nimport sys\nprint(','.join(sorted(m for m in {modules!r} if m in sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": repo},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [name for name in result.stdout.strip().split(",") if name]

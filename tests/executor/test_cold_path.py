@@ -329,8 +329,14 @@ def test_drivers_in_separate_processes_racing_for_the_same_steps_run_each_once(t
     prefix, counts, size = tmp_path / "prefix", tmp_path / "counts", 40
     counts.mkdir()
     drivers = [subprocess.Popen(driver(tmp_path, prefix, counts, size)) for _ in range(3)]
-    for process in drivers:
-        assert process.wait(timeout=300) == 0
+    try:
+        for process in drivers:
+            assert process.wait(timeout=300) == 0
+    finally:  # a failed or timed-out wait must not leave the other drivers running
+        for process in drivers:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert runs_per_step(counts, size) == [1] * size
     store = LocalStore()
     for output in step_outputs(prefix):

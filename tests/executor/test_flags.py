@@ -1,14 +1,9 @@
 """`executor_main`'s flags without draccus: plain flags read exactly as draccus reads them."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from executor import main
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.executor.steps_for_tests import modules_loaded_by
 
 PLAIN = [
     [],
@@ -57,17 +52,5 @@ def test_anything_else_is_left_to_draccus(argv):
 
 
 def test_a_script_with_plain_flags_does_not_import_draccus(tmp_path):
-    code = (
-        "import sys\n"
-        "from executor.main import parse_flags\n"
-        "parse_flags(['--prefix', '/tmp/x', '--dry_run', 'true', '--max_concurrent', '2'])\n"
-        "print(sorted(m for m in ('draccus', 'yaml') if m in sys.modules))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert result.stdout.strip() == "[]"
+    code = "from executor.main import parse_flags\nparse_flags(['--prefix', '/tmp/x', '--dry_run', 'true', '--max_concurrent', '2'])"
+    assert modules_loaded_by(code, ("draccus", "yaml")) == []

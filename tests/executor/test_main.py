@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from executor import ExecutorMainConfig
+from tests.executor.steps_for_tests import modules_loaded_by
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELLO = os.path.join(REPO, "experiments", "tutorials", "hello_world.py")
@@ -126,16 +127,5 @@ def test_help_lists_every_flag_with_its_docstring(tmp_path):
 
 def test_importing_executor_main_does_not_import_draccus():
     # executor_main imports draccus when it parses flags: a script's imports stay cheap.
-    code = (
-        "import sys\n"
-        "from executor import executor_main, ExecutorMainConfig\n"
-        "print(sorted(m for m in ('draccus', 'yaml') if m in sys.modules))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert result.stdout.strip() == "[]"
+    code = "from executor import executor_main, ExecutorMainConfig"
+    assert modules_loaded_by(code, ("draccus", "yaml")) == []
