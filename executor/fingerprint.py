@@ -189,6 +189,35 @@ _C_ENCODE = (
 )
 
 
+# The same trick for the bookkeeping files' format, `json.dumps(value, sort_keys=True)`
+# (ASCII, ", " and ": "): json.dumps builds a new encoder for every call with sort_keys.
+_SORTED_ENCODE = (
+    json.encoder.c_make_encoder(
+        None,
+        json.JSONEncoder().default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        True,
+        False,
+        True,
+    )
+    if json.encoder.c_make_encoder is not None
+    else None
+)
+
+
+def dumps_sorted(value: Any) -> str:
+    """`json.dumps(value, sort_keys=True)`, same text, without a new encoder per call.
+
+    For JSON-ready records (dicts, lists, str, numbers, bools, None) that nest no cycle.
+    """
+    if _SORTED_ENCODE is None:
+        return json.dumps(value, sort_keys=True)
+    return "".join(_SORTED_ENCODE(value, 0))
+
+
 def canonical_json(value: Any) -> str:
     """Compact, key-sorted JSON of already-encoded primitives."""
     if _C_ENCODE is None:

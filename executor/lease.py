@@ -181,10 +181,16 @@ class LeaseManager:
     def is_stale(self, record: LeaseRecord | None, now: float | None = None) -> bool:
         return lease_is_stale(record, self.config.timeout, now)
 
-    def try_acquire(self, output_path: str) -> AcquireResult:
+    def try_acquire(self, output_path: str, expect_absent: bool = False) -> AcquireResult:
+        """Take the lease if nobody holds it (absent, or stale).
+
+        `expect_absent`: the caller just saw no lease (a cold step), so first try to create
+        it without reading it (the create is exclusive either way; one read fewer).
+        """
         path = lease_path(output_path)
-        for _ in range(5):  # a few retries when another driver changes the file between read and swap
-            current = self.store.read_bytes(path)
+        attempts = 6 if expect_absent else 5  # retries when another driver changes the file meanwhile
+        for attempt in range(attempts):
+            current = None if expect_absent and attempt == 0 else self.store.read_bytes(path)
             record = LeaseRecord.parse(current)
             now = time.time()
             if current is not None and not self.is_stale(record, now):

@@ -1,7 +1,8 @@
 """Per-step log files: a step's stdout, stderr and logging records, next to its outputs.
 
 Steps run in driver threads, so redirecting `sys.stdout` for one step would capture
-its neighbours too. Instead, while any step is running, `sys.stdout`/`sys.stderr` are
+its neighbours too. Instead, while steps run (a runner holds this for its whole run:
+`streams_wrapped`), `sys.stdout`/`sys.stderr` are
 wrapped in a tee that still writes to the console and also writes to the log file of
 the step *running on the current thread*; a logging handler routes records the same
 way. Output from threads a step starts itself, and from subprocesses writing straight
@@ -115,6 +116,21 @@ class _LazyLog:
     def flush(self) -> None:
         if self.handle is not None:
             self.handle.flush()
+
+
+@contextlib.contextmanager
+def streams_wrapped() -> Iterator[None]:
+    """Keep the tee and the logging handler installed for a whole run.
+
+    `capture_step_log` installs them itself when nothing holds them; a runner holds them
+    across its steps so that a step does not swap `sys.stdout`, `sys.stderr` and the root
+    logger's handlers twice (a tenth of a trivial step's cost in a long chain).
+    """
+    _install()
+    try:
+        yield
+    finally:
+        _uninstall()
 
 
 @contextlib.contextmanager

@@ -69,7 +69,7 @@ from executor.events import (
     StepWaiting,
 )
 from executor.lease import LeaseManager
-from executor.logs import capture_step_log
+from executor.logs import capture_step_log, streams_wrapped
 from executor.plan import Action, Plan, PlannedStep
 from executor.store import Store
 from executor.tree import Status, append_status, log_path, read_last_status, step_info_record, write_info
@@ -174,6 +174,30 @@ class Runner:
             for dep in deps:
                 dependents[dep].append(path)
         ready = [path for path, deps in blockers.items() if not deps]
+        if todo:
+            with streams_wrapped():  # one tee for the whole run, not one per step
+                self._schedule(todo, blockers, dependents, ready, summary)
+        summary.duration = time.time() - start
+        ok = [o for o in summary.outcomes.values() if o.ok]
+        self.emit(
+            RunFinished(
+                succeeded=sum(o == Outcome.SUCCEEDED for o in ok),
+                skipped=sum(o == Outcome.SKIPPED for o in ok),
+                failed=len(summary.outcomes) - len(ok),
+                duration=summary.duration,
+            )
+        )
+        return summary
+
+    def _schedule(
+        self,
+        todo: dict[str, PlannedStep],
+        blockers: dict[str, set[str]],
+        dependents: dict[str, list[str]],
+        ready: list[str],
+        summary: RunSummary,
+    ) -> None:
+        """Start steps as their blocking dependencies finish, until none is left or runnable."""
         running: set[str] = set()
         try:
             while ready or running:
@@ -213,17 +237,6 @@ class Runner:
         finally:
             for _ in range(self._workers):
                 self._work.put(None)  # idle workers exit; busy ones (orphaned steps) after their step
-        summary.duration = time.time() - start
-        ok = [o for o in summary.outcomes.values() if o.ok]
-        self.emit(
-            RunFinished(
-                succeeded=sum(o == Outcome.SUCCEEDED for o in ok),
-                skipped=sum(o == Outcome.SKIPPED for o in ok),
-                failed=len(summary.outcomes) - len(ok),
-                duration=summary.duration,
-            )
-        )
-        return summary
 
     @staticmethod
     def _next_startable(ready: list[str], running: set[str], todo: dict[str, PlannedStep]) -> str | None:
@@ -334,8 +347,11 @@ class Runner:
                         )
                     )
                     return Outcome.FAILED_ELSEWHERE, error
+            # A step the plan found with neither status nor lease (a cold run) most likely
+            # still has none: create the lease without reading it first.
+            expect_absent = not check_first and row.status is None and row.lease is None
             check_first = True
-            attempt = self.leases.try_acquire(path)
+            attempt = self.leases.try_acquire(path, expect_absent=expect_absent)
             if attempt.acquired:
                 last = read_last_status(self.store, path)
                 if last is not None and last.status == Status.SUCCESS:

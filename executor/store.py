@@ -215,6 +215,10 @@ class LocalStore(Store):
 
     def __init__(self):  # no Store.__init__: `fs` is loaded on first use
         self.protocol = "file"
+        # Size of each file right after this store's last `append_line` to it: a file that
+        # still has that size ends with our newline, so the next append need not read its
+        # last byte. Cleared when it holds 4,096 files.
+        self._appended_size: dict[str, int] = {}
 
     @cached_property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -237,7 +241,10 @@ class LocalStore(Store):
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:
-            chunks = []
+            chunk = os.read(fd, 1 << 16)
+            if len(chunk) < 1 << 16:
+                return chunk  # a small file (status, lease): one read, no second read to see EOF
+            chunks = [chunk]
             while chunk := os.read(fd, 1 << 16):
                 chunks.append(chunk)
             return b"".join(chunks)
@@ -295,10 +302,12 @@ class LocalStore(Store):
         # One write() to an O_APPEND file: the line lands whole after the current end. A
         # short write (disk full) is cut off again, so no half line is left behind.
         data = _to_bytes(line) + b"\n"
-        fd = _open_making_parents(self.fs_path(path), os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        target = self.fs_path(path)
+        fd = _open_making_parents(target, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
             size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
+            ours = self._appended_size.pop(target, None) == size  # still ends with our line
+            if size and not ours and os.pread(fd, 1, size - 1) != b"\n":
                 data = b"\n" + data  # a file from elsewhere (Marin's one-word format) without one
             try:
                 written = os.write(fd, data)
@@ -308,6 +317,9 @@ class LocalStore(Store):
             if written != len(data):
                 os.ftruncate(fd, size)
                 raise OSError(f"short write appending to {path}: {written} of {len(data)} bytes")
+            if len(self._appended_size) >= 4096:
+                self._appended_size.clear()  # bounded: a forgotten entry only costs one pread
+            self._appended_size[target] = size + written
         finally:
             os.close(fd)
 

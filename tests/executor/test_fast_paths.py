@@ -1,0 +1,241 @@
+"""The executor's fast paths give exactly what the general code gives.
+
+Each fast path below exists for speed on large DAGs (docs/benchmarks.md); these tests pin
+that it changes no byte written and no value read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from executor import Executor, ExecutorStep, this_output_path, versioned
+from executor.fingerprint import dumps_sorted
+from executor.lease import LeaseConfig, LeaseManager
+from executor.store import LocalStore
+from executor.tree import (
+    LeaseRecord,
+    Status,
+    StatusEvent,
+    append_status,
+    info_json,
+    lease_path,
+    read_status,
+    utc_now_iso,
+)
+from tests.executor.steps_for_tests import WriteConfig, write_value
+
+VALUES = [
+    {"b": 1, "a": [1.5, 'é\n"', None, True, False], "c": {"z": -3, "y": 1e300}},
+    "plain",
+    "ünïcode",
+    0,
+    -7,
+    2.5,
+    None,
+    [],
+    {},
+    {"nan": float("nan"), "inf": float("inf")},
+]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=range(len(VALUES)))
+def test_dumps_sorted_is_json_dumps_with_sorted_keys(value):
+    assert dumps_sorted(value) == json.dumps(value, sort_keys=True)
+
+
+def test_dumps_sorted_refuses_what_json_refuses():
+    with pytest.raises(TypeError):
+        dumps_sorted({"x": object()})
+
+
+def test_info_json_is_one_sorted_field_per_line_and_parses_back():
+    record = {"name": "a/b", "config": {"z": 1, "a": "é"}, "version": {"name": "a/b"}, "run": {}}
+    text = info_json(record)
+    assert json.loads(text) == record
+    lines = text.splitlines()
+    assert lines[0] == "{" and lines[-1] == "}"
+    assert lines[1:-1] == [
+        '  "config": {"a": "\\u00e9", "z": 1},',
+        '  "name": "a/b",',
+        '  "run": {},',
+        '  "version": {"name": "a/b"}',
+    ]
+
+
+def _general_parse(line: str) -> StatusEvent:
+    record = json.loads(line)
+    return StatusEvent(
+        date=record.pop("date"),
+        status=Status(record.pop("status")),
+        message=record.pop("message"),
+        worker=record.pop("worker"),
+        extra=record,
+    )
+
+
+@pytest.mark.parametrize("duration", [0.0, 0.001, 12.5, 3, 123456.789])
+def test_our_success_line_parses_like_json(tmp_path, duration):
+    store = LocalStore()
+    append_status(
+        store,
+        str(tmp_path),
+        Status.SUCCESS,
+        None,
+        "host-1.example:123:ab12cd34",
+        duration_s=duration,
+        version_hash="a" * 64,
+        config_digest="0123456789abcdef" * 4,
+    )
+    line = (tmp_path / ".executor_status").read_text().splitlines()[-1]
+    event = StatusEvent.from_json(line)
+    expected = _general_parse(line)
+    assert event == expected
+    assert list(event.extra) == list(expected.extra)
+    assert type(event.extra["duration_s"]) is type(expected.extra["duration_s"])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ('"message": null', '"message": "done"'),  # a message: general path
+        ('"worker": "w1"', '"worker": "w\\u00fc"'),  # an escape in a string
+        ('"version_hash": "' + "a" * 64, '"version_hash": "' + "A" * 64),  # not lower-case hex
+        ('"status": "SUCCESS"', '"status": "FAILED"'),
+    ],
+)
+def test_other_lines_take_the_general_parse(change):
+    line = json.dumps(
+        {
+            "config_digest": "b" * 64,
+            "date": "2026-01-01T00:00:00.000Z",
+            "duration_s": 0.5,
+            "message": None,
+            "status": "SUCCESS",
+            "version_hash": "a" * 64,
+            "worker": "w1",
+        },
+        sort_keys=True,
+    )
+    assert change[0] in line
+    line = line.replace(*change)
+    assert StatusEvent.from_json(line) == _general_parse(line)
+
+
+def test_a_bad_field_in_a_success_like_line_is_still_refused():
+    line = (
+        '{"config_digest": 5, "date": "2026-01-01T00:00:00.000Z", "duration_s": 0.5, '
+        '"message": null, "status": "SUCCESS", "version_hash": "' + "a" * 64 + '", "worker": "w"}'
+    )
+    with pytest.raises(ValueError, match="config_digest"):
+        StatusEvent.from_json(line)
+
+
+def test_append_adds_the_missing_newline_after_someone_else_rewrote_the_file(tmp_path):
+    store = LocalStore()
+    append_status(store, str(tmp_path), Status.RUNNING, None, "w")
+    path = tmp_path / ".executor_status"
+    path.write_text("SUCCESS")  # another tool rewrote it, without a final newline
+    append_status(store, str(tmp_path), Status.FAILED, "boom", "w")
+    events = read_status(store, str(tmp_path))
+    assert [event.status for event in events] == [Status.SUCCESS, Status.FAILED]
+
+
+def test_append_after_our_own_line_writes_exactly_one_line_each(tmp_path):
+    store = LocalStore()
+    for status in (Status.RUNNING, Status.FAILED, Status.RUNNING, Status.SUCCESS):
+        append_status(store, str(tmp_path), status, None, "w")
+    text = (tmp_path / ".executor_status").read_text()
+    assert text.count("\n") == 4 and text.endswith("\n") and "\n\n" not in text
+
+
+def test_utc_now_iso_matches_strftime_across_second_boundaries():
+    for moment in (0.5, 1795394134.999, 1795394135.0, 1795394135.001, 1795394134.25, 86399.9999):
+        expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment)) + f".{int(moment % 1 * 1000):03d}Z"
+        assert utc_now_iso(moment) == expected
+
+
+def _manager(tmp_path) -> LeaseManager:
+    config = LeaseConfig(heartbeat_interval=5.0, timeout=10.0, poll_interval=0.05)
+    return LeaseManager(LocalStore(), config, worker_id="me")
+
+
+def test_expect_absent_does_not_take_a_live_lease(tmp_path):
+    other = LeaseRecord(worker="other", heartbeat=time.time(), acquired=time.time())
+    (tmp_path / ".executor_status.lock").write_bytes(other.to_bytes())
+    manager = _manager(tmp_path)
+    try:
+        result = manager.try_acquire(str(tmp_path), expect_absent=True)
+    finally:
+        manager.close()
+    assert not result.acquired
+    assert result.holder is not None and result.holder.worker == "other"
+    assert LeaseRecord.parse((tmp_path / ".executor_status.lock").read_bytes()).worker == "other"
+
+
+def test_expect_absent_still_takes_over_a_stale_lease(tmp_path):
+    stale = LeaseRecord(worker="dead", heartbeat=time.time() - 3600, acquired=time.time() - 3600)
+    (tmp_path / ".executor_status.lock").write_bytes(stale.to_bytes())
+    manager = _manager(tmp_path)
+    try:
+        result = manager.try_acquire(str(tmp_path), expect_absent=True)
+        assert result.acquired and result.holder is not None and result.holder.worker == "dead"
+        assert LeaseRecord.parse((tmp_path / ".executor_status.lock").read_bytes()).worker == "me"
+        manager.release(str(tmp_path))
+    finally:
+        manager.close()
+    assert not (tmp_path / ".executor_status.lock").exists()
+
+
+def test_expect_absent_creates_the_lease_and_its_directory(tmp_path):
+    output = tmp_path / "new" / "step-1"
+    manager = _manager(tmp_path)
+    try:
+        assert manager.try_acquire(str(output), expect_absent=True).acquired
+        record = LeaseRecord.parse((output / ".executor_status.lock").read_bytes())
+        assert record.worker == "me"
+    finally:
+        manager.close()
+
+
+def test_streams_are_wrapped_during_a_run_and_restored_after(tmp_path):
+    before = (sys.stdout, sys.stderr)
+    seen = []
+
+    def look(config):
+        seen.append(type(sys.stdout).__name__)
+        print("hello from the step")
+
+    step = ExecutorStep(
+        name="look", fn=look, config=WriteConfig(output_path=this_output_path(), value=versioned("x"))
+    )
+    Executor(str(tmp_path), console=False).run([step])
+    assert seen == ["_TeeStream"]
+    assert (sys.stdout, sys.stderr) == before
+    (log,) = tmp_path.glob("look-*/.executor_log")
+    assert "hello from the step" in log.read_text()
+
+
+def test_the_runner_reads_nothing_it_does_not_need_on_a_cold_step(tmp_path, monkeypatch):
+    """A cold step creates its lease without reading it first (one read fewer per step)."""
+    reads: list[str] = []
+    original = LocalStore.read_bytes
+
+    def counting(self, path):
+        reads.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(LocalStore, "read_bytes", counting)
+    step = ExecutorStep(
+        name="cold", fn=write_value, config=WriteConfig(output_path=this_output_path(), value=versioned("x"))
+    )
+    executor = Executor(str(tmp_path), console=False)
+    executor.run([step])
+    output = executor.output_paths[step]
+    lease_reads = [path for path in reads if path.endswith(".executor_status.lock")]
+    # the plan looks once; the runner only to confirm and to release (no read before creating it)
+    assert len(lease_reads) == 3, lease_reads
+    assert lease_reads == [lease_path(output)] * 3
