@@ -235,10 +235,14 @@ def test_an_object_store_listing_turns_datetimes_into_timestamps_and_keeps_missi
 def test_local_files_are_created_readable_by_all_as_open_would(tmp_path):
     store = LocalStore()
     expected = 0o666 & ~umask()
+    # In a new directory (created on the first miss) and in an existing one.
     store.write_atomic(str(tmp_path / "a" / "written"), b"x")
+    store.write_atomic(str(tmp_path / "written"), b"x")
     store.append_line(str(tmp_path / "b" / "appended"), b"x")
+    store.append_line(str(tmp_path / "appended"), b"x")
     store.compare_and_swap(str(tmp_path / "c" / "swapped"), None, b"x")
-    for name in ("a/written", "b/appended", "c/swapped"):
+    store.compare_and_swap(str(tmp_path / "swapped"), None, b"x")
+    for name in ("a/written", "written", "b/appended", "appended", "c/swapped", "swapped"):
         assert mode(str(tmp_path / name)) == expected, name
 
 
