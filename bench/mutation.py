@@ -145,6 +145,20 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("map_markers", "if all(new is old for new, old in zip(items, obj, )):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"
     ),
+    # executor/lease.py
+    ("LeaseManager.try_acquire", "if current is not None and not self.is_stale(record, ):"): (
+        "is_stale without `now` reads the clock itself, microseconds after `now` was read"
+    ),
+    ("LeaseManager.confirm", "written = self._written.get(output_path, 1.0)"): (
+        "_written is set whenever _held is, and confirm returns before using `written` when _held "
+        "has no entry"
+    ),
+    ("LeaseManager.release", "self._written.pop(None, None)"): (
+        "a stale _written entry is never read: confirm needs _held first, and try_acquire rewrites it"
+    ),
+    ("LeaseManager.close", "self._thread.join(timeout=self.config.heartbeat_interval + 6)"): (
+        "the join bound only matters if the heartbeat thread hangs; it wakes at once when _stop is set"
+    ),
 }
 
 

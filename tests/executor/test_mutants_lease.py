@@ -71,8 +71,9 @@ def test_a_heartbeat_equal_to_the_timeout_is_refused_with_both_values():
     # `>=`, not `>`: a lease refreshed exactly every `timeout` would look stale between beats.
     with pytest.raises(ValueError) as raised:
         LeaseConfig(heartbeat_interval=2.5, timeout=2.5)
-    assert str(raised.value).startswith(
-        "heartbeat_interval (2.5s) must be smaller than timeout (2.5s): the lease is refreshed"
+    assert str(raised.value) == (
+        "heartbeat_interval (2.5s) must be smaller than timeout (2.5s): the lease is refreshed every "
+        "heartbeat and taken over by another driver once the timeout passes without one"
     )
 
 
@@ -236,11 +237,13 @@ def test_staleness_without_now_uses_the_clock():
     assert lease_is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 11, acquired=0.0), 10.0)
 
 
-def test_the_manager_judges_staleness_by_its_configured_timeout(root):
+def test_the_manager_judges_staleness_by_its_configured_timeout_at_the_given_time(root):
     manager = LeaseManager(open_store(root), QUIET, "w1")  # timeout 10 s
-    now = time.time()
-    assert not manager.is_stale(LeaseRecord(worker="w", heartbeat=now - 9, acquired=0.0), now)
-    assert manager.is_stale(LeaseRecord(worker="w", heartbeat=now - 11, acquired=0.0), now)
+    record = LeaseRecord(worker="w", heartbeat=1000.0, acquired=0.0)
+    assert not manager.is_stale(record, now=1009.0)  # (by the clock it is decades old)
+    assert manager.is_stale(record, now=1011.0)
+    assert manager.is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 11, acquired=0.0))
+    assert not manager.is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 9, acquired=0.0))
     assert manager.is_stale(None)
 
 
@@ -506,7 +509,8 @@ def test_the_heartbeat_survives_a_storage_error_and_keeps_the_lease(root, caplog
             assert failed.wait(5.0)
             wait_for(lambda: read_lease(store, f"{root}/s").heartbeat > first)
         assert manager.holds(f"{root}/s") and not manager.was_lost(f"{root}/s")
-        assert f"heartbeat for {root}/s failed" in [r.getMessage() for r in caplog.records]
+        (record,) = [r for r in caplog.records if r.getMessage() == f"heartbeat for {root}/s failed"]
+        assert record.threadName == "lease-heartbeat"  # what a log line with %(threadName)s shows
     finally:
         manager.close()
 
