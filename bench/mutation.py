@@ -138,6 +138,30 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ): "PrefixGuard.store is read only in __init__ (to find the local root)",
     ("decode_path", 'decoded = unquote(raw_path, encoding=None, errors="strict")'): _UTF8_DEFAULT,
     ("decode_path", 'decoded = unquote(raw_path, errors="strict")'): _UTF8_DEFAULT,
+    # executor/logs.py
+    (
+        "_open_temp",
+        'return tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=None, delete=False)  # noqa: SIM115',
+    ): "only the name of the step log's local buffer changes (a temporary file, deleted after the upload)",
+    (
+        "_open_temp",
+        'return tempfile.NamedTemporaryFile("w+", encoding="utf-8", delete=False)  # noqa: SIM115',
+    ): "only the name of the step log's local buffer changes (a temporary file, deleted after the upload)",
+    (
+        "_open_temp",
+        'return tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix="XX.logXX", delete=False)  # noqa: SIM115',
+    ): "only the name of the step log's local buffer changes (a temporary file, deleted after the upload)",
+    (
+        "_open_temp",
+        'return tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".LOG", delete=False)  # noqa: SIM115',
+    ): "only the name of the step log's local buffer changes (a temporary file, deleted after the upload)",
+    (
+        "_open_temp",
+        'return tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".log", delete=None)  # noqa: SIM115',
+    ): "delete=None is falsy like False: the buffer is kept for the upload either way",
+    ("_uninstall", '_handler = ""'): (
+        "_handler is read only by _uninstall after an _install has set it again; '' and None are never seen"
+    ),
     # (function or Class.method, the mutated line, stripped) -> why no test can tell the mutant from the original
     ("map_markers", "if all(new is old for new, old in zip(items, obj, strict=None)):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"

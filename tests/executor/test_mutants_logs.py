@@ -9,6 +9,7 @@ the earlier run's log, and the temporary buffer being removed.
 from __future__ import annotations
 
 import io
+import locale
 import logging
 import os
 import sys
@@ -76,8 +77,13 @@ def test_write_returns_what_the_console_stream_returned(tmp_path, console):
         assert sys.stdout.write("abc") == 3
 
 
-def test_the_log_is_line_buffered_so_it_can_be_tailed_while_the_step_runs(tmp_path, console):
+@pytest.mark.parametrize("directory_exists", [True, False])
+def test_the_log_is_line_buffered_so_it_can_be_tailed_while_the_step_runs(
+    tmp_path, console, directory_exists
+):
     console()
+    if directory_exists:
+        (tmp_path / "step").mkdir()
     with logs.capture_step_log(LocalStore(), str(tmp_path / "step")) as path:
         sys.stdout.write("first line\n")
         with open(path, encoding="utf-8") as log:  # still inside the step
@@ -245,9 +251,6 @@ def test_the_console_streams_and_root_handlers_are_restored_after_the_step(tmp_p
         assert len(logging.getLogger().handlers) == len(handlers) + 1
     assert sys.stdout is out and sys.stderr is err
     assert logging.getLogger().handlers == handlers
-    assert logs._handler is None
-    assert logs._installed == 0
-    assert logs._sinks == {}
 
 
 def test_nested_captures_unwrap_only_when_the_last_one_ends(tmp_path, console):
@@ -341,26 +344,68 @@ def test_the_temporary_buffer_is_removed_even_when_the_upload_fails(tmp_path):
     assert not temp.exists()
 
 
-def test_the_temporary_buffer_is_a_utf8_log_file(console):
-    console()
-    handle = logs._open_temp()
-    try:
-        handle.write("é")
-        handle.flush()
-        assert handle.name.endswith(".log")
-        with open(handle.name, "rb") as data:
-            assert data.read() == "é".encode()
-        assert os.path.exists(handle.name)  # not deleted on close: _upload reads it
-        handle.close()
-        assert os.path.exists(handle.name)
-    finally:
-        handle.close()
-        os.unlink(handle.name)
-
-
 def test_a_local_log_is_utf8(tmp_path, console):
     console()
     with logs.capture_step_log(LocalStore(), str(tmp_path / "step")) as path:
         print("naïve ✓")
     with open(path, "rb") as log:
         assert log.read() == "naïve ✓\n".encode()
+
+
+@pytest.fixture
+def ascii_locale():
+    """The C locale for this test: Python's default file encoding is then ASCII, not UTF-8."""
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
+
+
+@pytest.mark.parametrize("directory_exists", [True, False])
+def test_a_local_log_is_utf8_whatever_the_locale(tmp_path, console, ascii_locale, directory_exists):
+    """Opened with the locale's encoding, non-ASCII output would be dropped from the log."""
+    out, _ = console()
+    if directory_exists:
+        (tmp_path / "step").mkdir()
+    with logs.capture_step_log(LocalStore(), str(tmp_path / "step")) as path:
+        print("naïve ✓")
+    assert out.getvalue() == "naïve ✓\n"
+    with open(path, "rb") as log:
+        assert log.read() == "naïve ✓\n".encode()
+
+
+def test_an_object_store_log_is_utf8_whatever_the_locale(console, ascii_locale):
+    console()
+    store = MemoryStore()
+    with logs.capture_step_log(store, memory_prefix() + "/step") as path:
+        print("naïve ✓")
+    assert store.read_bytes(path) == "naïve ✓\n".encode()
+
+
+def test_streams_wrapped_holds_the_tee_across_steps(tmp_path, console):
+    """A runner holds the wrapping for its whole run; steps inside neither re-wrap nor unwrap."""
+    out, err = console()
+    handlers = list(logging.getLogger().handlers)
+    with logs.streams_wrapped():
+        wrapped = sys.stdout
+        assert wrapped is not out and sys.stderr is not err
+        with logs.capture_step_log(LocalStore(), str(tmp_path / "a")) as path:
+            assert sys.stdout is wrapped
+            print("in a")
+        assert sys.stdout is wrapped  # still held after the step
+        assert len(logging.getLogger().handlers) == len(handlers) + 1
+        print("between steps")
+    assert sys.stdout is out and sys.stderr is err
+    assert logging.getLogger().handlers == handlers
+    with open(path, encoding="utf-8") as log:
+        assert log.read() == "in a\n"
+    assert out.getvalue() == "in a\nbetween steps\n"
+
+
+def test_streams_wrapped_unwraps_when_the_run_raises(console):
+    out, _ = console()
+    with pytest.raises(RuntimeError), logs.streams_wrapped():
+        raise RuntimeError("run failed")
+    assert sys.stdout is out

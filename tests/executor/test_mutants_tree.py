@@ -113,6 +113,36 @@ def test_a_long_unknown_status_word_is_shortened_in_the_message():
     assert str(caught.value).startswith(f"unknown status '{exactly}' (expected")
 
 
+DIGEST = "0123456789abcdef" * 4
+VERSION = "fedcba9876543210" * 4
+
+
+@pytest.mark.parametrize("duration", [0, 12, 1.5, -0.25, 1e-05, 2.5e16, 123456789012])
+def test_a_success_line_reads_back_exactly_as_json_would_read_it(duration):
+    """The runner's SUCCESS lines take a fast path (no JSON parse): same event, same types."""
+    event = StatusEvent(
+        date="2026-01-02T03:04:05.006Z",
+        status=Status.SUCCESS,
+        worker="host.example:1234-ab_c",
+        extra={"config_digest": DIGEST, "duration_s": duration, "version_hash": VERSION},
+    )
+    line = event.to_json()
+    parsed = StatusEvent.from_json(line)
+    assert parsed == event
+    assert type(parsed.extra["duration_s"]) is type(json.loads(line)["duration_s"])
+
+
+def test_a_success_line_unlike_the_runners_is_read_as_json():
+    event = StatusEvent(
+        date="d",
+        status=Status.SUCCESS,
+        message="with a message",
+        worker="w w",  # a space: not the fast path's worker
+        extra={"config_digest": DIGEST, "duration_s": 1, "version_hash": VERSION, "more": [1]},
+    )
+    assert StatusEvent.from_json(event.to_json()) == event
+
+
 def test_the_old_one_word_status_format_is_read():
     assert parse_status("SUCCESS\n") == [StatusEvent(date="", status=Status.SUCCESS)]
     assert parse_last_status("RUNNING\nFAILED") == StatusEvent(date="", status=Status.FAILED)
@@ -120,6 +150,10 @@ def test_the_old_one_word_status_format_is_read():
 
 def test_utc_now_iso_is_iso_8601_with_milliseconds():
     assert utc_now_iso(0) == "1970-01-01T00:00:00.000Z"
+    assert utc_now_iso(0.999) == "1970-01-01T00:00:00.999Z"
+    assert utc_now_iso(1.0) == "1970-01-01T00:00:01.000Z"  # the next second, not the last one's text
+    assert utc_now_iso(0.5) == "1970-01-01T00:00:00.500Z"
+    assert utc_now_iso(59.5) == "1970-01-01T00:00:59.500Z"
     assert utc_now_iso(86400 * 365 + 3661.25) == "1971-01-01T01:01:01.250Z"
     now = utc_now_iso()
     assert len(now) == len("1970-01-01T00:00:00.000Z") and now.endswith("Z") and now > "2020"
