@@ -183,6 +183,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("LeaseManager.close", "self._thread.join(timeout=self.config.heartbeat_interval + 6)"): (
         "the join bound only matters if the heartbeat thread hangs; it wakes at once when _stop is set"
     ),
+    # executor/plan.py
+    ("_plan_step", "if lease is not None and not leases.is_stale(lease, ):"): (
+        "is_stale without `now` reads the clock itself, milliseconds after make_plan read `now`"
+    ),
 }
 
 

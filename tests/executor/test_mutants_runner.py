@@ -286,13 +286,32 @@ def test_steps_run_in_threads_named_after_them_and_a_chain_reuses_one_thread(tmp
     assert len({ident for _, ident in seen}) == 1  # one worker, kept between steps
 
 
-def test_no_worker_thread_outlives_the_run(tmp_path):
+def test_no_worker_thread_outlives_the_run_or_dies_of_an_error(tmp_path, monkeypatch):
+    crashed = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)  # an uncaught error in any thread
     before = {t.ident for t in threading.enumerate()}
     steps = [step(f"s{i}", i, fn=noop) for i in range(4)]
     executor_for(tmp_path).run(steps, max_concurrent=2)
     wait_for(
         lambda: not [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("step:")]
     )
+    assert crashed == []
+
+
+def test_two_steps_ready_at_once_after_a_third_run_side_by_side(tmp_path):
+    # When a finishes, its worker is idle and b and c become ready together: one of them
+    # reuses that worker, the other must get a thread of its own (not queue behind it).
+    meeting = threading.Barrier(2, timeout=5)
+
+    def meet(config):
+        meeting.wait()
+
+    a = step("a", 1, fn=noop)
+    b = step("b", 2, inputs=[output_path_of(a)], fn=meet)
+    c = step("c", 3, inputs=[output_path_of(a)], fn=meet)
+    executor = executor_for(tmp_path)
+    executor.run([b, c])
+    assert sorted(e.name for e in events_of(executor, StepSucceeded)) == ["a", "b", "c"]
 
 
 # -- errors outside the step function -----------------------------------------------------
