@@ -204,7 +204,8 @@ class _ObjectStoreLikeFS(MemoryFileSystem):
     pseudo_dirs = [""]
 
     def ls(self, path, detail=True, **kwargs):
-        out = []
+        # Object stores may list a directory's own marker object ("d/") among its children.
+        out = [{"name": self._strip_protocol(path).rstrip("/") + "/", "type": "directory", "size": 0}]
         for entry in super().ls(path, detail=True, **kwargs):
             entry = dict(entry)
             created = entry.pop("created", None)
