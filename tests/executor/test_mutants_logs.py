@@ -409,3 +409,27 @@ def test_streams_wrapped_unwraps_when_the_run_raises(console):
     with pytest.raises(RuntimeError), logs.streams_wrapped():
         raise RuntimeError("run failed")
     assert sys.stdout is out
+
+
+def test_a_log_directory_created_by_someone_else_meanwhile_is_used(tmp_path, console, monkeypatch):
+    """The step's directory is missing at the first open and appears before it is made (a
+    thread of the step creating its outputs): making it must not fail because it exists."""
+    console()
+    output = tmp_path / "step"
+    real_open = open
+    calls = []
+
+    def racing_open(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:
+            output.mkdir()  # created meanwhile
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(logs, "open", racing_open, raising=False)
+    with logs.capture_step_log(LocalStore(), str(output)) as path:
+        print("made it")
+    monkeypatch.undo()
+    assert calls == [path, path]
+    with open(path, encoding="utf-8") as log:
+        assert log.read() == "made it\n"

@@ -248,16 +248,44 @@ def test_the_script_path_is_absolute_outside_the_working_directory(capsys, monke
     assert capsys.readouterr().err == f"error: {os.path.abspath(__file__)}:{tb.tb_lineno}: bad\n"
 
 
-def test_a_step_definition_error_raised_inside_the_executor_names_the_callers_line(capsys, monkeypatch):
-    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+def _raise_through(*filenames: str):
+    """Raise StepDefinitionError('bad name') through one frame per filename, outermost first."""
+    namespace: dict = {"StepDefinitionError": StepDefinitionError}
+    body = "    raise StepDefinitionError('bad name')\n"
+    for index, filename in reversed(list(enumerate(filenames))):
+        code = f"def f{index}():\n" + body
+        exec(compile(code, filename, "exec"), namespace)
+        body = f"    f{index}()\n"
     try:
-        ExecutorStep("a//b", write_value, None)  # raised in executor/steps.py: this line is named
+        namespace["f0"]()
     except StepDefinitionError as caught:
-        kind, error, tb = type(caught), caught, caught.__traceback__
+        return type(caught), caught, caught.__traceback__
+
+
+INSIDE = os.path.join(os.path.dirname(os.path.abspath(main.__file__)), "declared_here.py")
+
+
+def test_frames_inside_the_executor_are_skipped_to_name_the_callers_line(capsys, monkeypatch):
+    """The error is raised inside executor/ (as ExecutorStep's name check is), here through a
+    frame of generated code ('<string>'): the line named is the last real frame outside."""
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    kind, error, tb = _raise_through("<string>", INSIDE)
     line = tb.tb_lineno
     main._one_line_step_errors(kind, error, tb, previous=lambda *args: None)
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: tests/executor/test_mutants_main.py:{line}: step name 'a//b' is invalid")
+    assert capsys.readouterr().err == f"error: tests/executor/test_mutants_main.py:{line}: bad name\n"
+
+
+def test_the_script_frame_named_is_the_last_one_outside_the_executor(capsys, tmp_path):
+    script = str(tmp_path / "script.py")
+    kind, error, tb = _raise_through(script, INSIDE)
+    main._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
+    assert capsys.readouterr().err == f"error: {script}:2: bad name\n"
+
+
+def test_a_traceback_entirely_inside_the_executor_names_no_line(capsys):
+    kind, error, tb = _raise_through(INSIDE)
+    main._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
+    assert capsys.readouterr().err == "error: bad name\n"
 
 
 def test_other_exceptions_go_to_the_previous_hook(capsys):
