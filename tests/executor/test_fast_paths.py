@@ -256,10 +256,7 @@ def test_a_cached_rerun_prints_the_plan_and_no_line_per_skipped_step(tmp_path, c
     out = capfd.readouterr().out
     assert "Plan: 3 steps (3 skip)" in out
     assert "] skip" not in out  # the plan already lists them
-    assert (
-        out.rstrip().endswith("finished in 0.0s: 0 ran, 3 cached, 0 failed")
-        or "3 cached" in out.splitlines()[-1]
-    )
+    assert "0 ran, 3 cached, 0 failed" in out.splitlines()[-1]
 
 
 def test_planned_skips_count_as_done_without_a_line():
