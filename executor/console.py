@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Collection
 from typing import TextIO
 
 from executor.events import (
@@ -20,9 +21,13 @@ from executor.tree import utc_now_iso
 class ConsoleProgress:
     """An event listener printing per-step status lines."""
 
-    def __init__(self, total: int, stream: TextIO | None = None):
+    def __init__(self, total: int, stream: TextIO | None = None, planned_skips: Collection[str] = ()):
+        """`planned_skips`: output paths the printed plan already lists as skipped; they count
+        as done without a line each (a cached re-run of 1,000 steps printed 1,000 lines that
+        repeated the plan)."""
         self.total = total
         self.stream = stream
+        self.planned_skips = frozenset(planned_skips)
         self.done: set[str] = set()
         self.running: set[str] = set()
         self._lock = threading.Lock()  # events arrive from worker threads
@@ -48,7 +53,8 @@ class ConsoleProgress:
             self._print(f"ok     {event.name}  {event.duration:.1f}s")
         elif isinstance(event, StepSkipped):
             self._finish(event.output_path)
-            self._print(f"skip   {event.name}  ({event.reason})")
+            if event.output_path not in self.planned_skips:
+                self._print(f"skip   {event.name}  ({event.reason})")
         elif isinstance(event, StepWaiting):
             self._print(f"wait   {event.name}  held by {event.holder} since {utc_now_iso(event.since)}")
         elif isinstance(event, StepFailed):

@@ -179,7 +179,8 @@ class Executor:
 
     def _dispatch(self, listeners: list, plan: Plan) -> Callable[[Any], None]:
         if self.console:
-            listeners.append(ConsoleProgress(total=len(plan.rows)))
+            skips = [row.output_path for row in plan.rows if row.action == Action.SKIP]
+            listeners.append(ConsoleProgress(total=len(plan.rows), planned_skips=skips))
 
         def emit(event: Any) -> None:
             for listener in listeners:

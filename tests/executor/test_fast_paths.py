@@ -239,3 +239,38 @@ def test_the_runner_reads_nothing_it_does_not_need_on_a_cold_step(tmp_path, monk
     # the plan looks once; the runner only to confirm and to release (no read before creating it)
     assert len(lease_reads) == 3, lease_reads
     assert lease_reads == [lease_path(output)] * 3
+
+
+def test_a_cached_rerun_prints_the_plan_and_no_line_per_skipped_step(tmp_path, capfd):
+    steps = [
+        ExecutorStep(
+            name=f"s{i}",
+            fn=write_value,
+            config=WriteConfig(output_path=this_output_path(), value=versioned(i)),
+        )
+        for i in range(3)
+    ]
+    Executor(str(tmp_path)).run(steps)
+    capfd.readouterr()
+    Executor(str(tmp_path)).run(steps)
+    out = capfd.readouterr().out
+    assert "Plan: 3 steps (3 skip)" in out
+    assert "] skip" not in out  # the plan already lists them
+    assert "0 ran, 3 cached, 0 failed" in out.splitlines()[-1]
+
+
+def test_planned_skips_count_as_done_without_a_line():
+    import io
+
+    from executor.console import ConsoleProgress
+    from executor.events import StepSkipped, StepStarted
+
+    stream = io.StringIO()
+    console = ConsoleProgress(total=3, stream=stream, planned_skips=["/p/a"])
+    console(StepSkipped("a", "/p/a", reason="already succeeded"))
+    console(StepStarted("b", "/p/b", log_path="/p/b/.executor_log"))
+    console(StepSkipped("c", "/p/c", reason="finished by another driver"))
+    assert stream.getvalue().splitlines() == [
+        "[1/3 done, 1 running, 1 left] start  b  (log: /p/b/.executor_log)",
+        "[2/3 done, 1 running, 0 left] skip   c  (finished by another driver)",
+    ]
