@@ -3,6 +3,7 @@
 Public API (Marin's names, so Marin experiment scripts port by changing imports):
 
     from executor import ExecutorStep, Executor, executor_main, versioned, this_output_path
+    from executor import ResourceConfig  # what a step asks the cluster for (executor.resources)
 
 This package imports no JAX, Levanter or other heavy dependency: planning and dry
 runs stay fast. `import executor` loads neither fsspec (local disk goes through `os`)
@@ -14,6 +15,7 @@ how paths are chosen.
 from executor.executor import Executor
 from executor.graph import HASH_LENGTH, StepDefinitionError
 from executor.lease import LeaseConfig
+from executor.resources import CpuConfig, GpuConfig, ResourceConfig, TpuConfig
 from executor.runner import ExecutorRunError
 from executor.steps import (
     THIS_OUTPUT_PATH,
@@ -33,15 +35,19 @@ from executor.store import StoreError
 __all__ = [
     "HASH_LENGTH",
     "THIS_OUTPUT_PATH",
+    "CpuConfig",
     "Executor",
     "ExecutorMainConfig",
     "ExecutorRunError",
     "ExecutorStep",
+    "GpuConfig",
     "InputName",
     "LeaseConfig",
     "OutputName",
+    "ResourceConfig",
     "StepDefinitionError",
     "StoreError",
+    "TpuConfig",
     "VersionedValue",
     "ensure_versioned",
     "executor_main",

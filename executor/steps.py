@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from executor.resources import ResourceConfig
+
 ConfigT = TypeVar("ConfigT")
 T = TypeVar("T")
 
@@ -133,12 +135,15 @@ class ExecutorStep(Generic[ConfigT]):
     pip_dependency_groups: list[str] | None = None
     """Optional-dependency groups the step needs (used by remote backends)."""
 
-    resources: Any = None
-    """Resources the step asks for (e.g. accelerators); None means a light step run in
-    the driver."""
+    resources: ResourceConfig | dict[str, Any] | None = None
+    """What the step asks the cluster for: a `ResourceConfig` (e.g.
+    `ResourceConfig.with_tpu("v4-8")`), a plain dict (kept as written), or None for a light
+    step run in the driver. Never part of the version; recorded in `.executor_info`."""
 
     def __post_init__(self):
         check_step_name(self.name)
+        if self.resources is not None:
+            _check_resources(self)
 
     def cd(self, name: str) -> InputName:
         """The sub-path `name` of this step's output, as an input for another step."""
@@ -157,6 +162,20 @@ class ExecutorStep(Generic[ConfigT]):
 
     def __repr__(self) -> str:
         return f"ExecutorStep(name={self.name!r})"
+
+
+def _check_resources(step: ExecutorStep) -> None:
+    """Refuse a `resources` value that is not None, a dict or a ResourceConfig; turn a recorded
+    ResourceConfig (`{"__type__": "ResourceConfig", ...}` from `.executor_info`) back into one."""
+    resources = step.resources
+    if type(resources) is ResourceConfig or (type(resources) is dict and "__type__" not in resources):
+        return
+    try:
+        normalized = ResourceConfig.from_value(resources)
+    except ValueError as error:
+        raise StepDefinitionError(f"step {step.name!r}: {error}") from None
+    if normalized is not resources:
+        object.__setattr__(step, "resources", normalized)
 
 
 @dataclass(frozen=True)

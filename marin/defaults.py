@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from executor import ExecutorStep, InputName, this_output_path, versioned
+from executor import ExecutorStep, InputName, ResourceConfig, this_output_path, versioned
 from marin.corpora import STDLIB_EXCLUDE, STDLIB_INCLUDE, python_stdlib_dir, stdlib_corpus_name
 from operations.dedup import DedupConfig, deduplicate
 from operations.documents import DocumentsConfig, make_documents
@@ -214,7 +214,18 @@ TRAIN_FIELDS_THAT_MATTER = (
     "seed",
 )
 """SimpleTrainConfig fields that change the trained model (versioned). Eval, checkpoint and
-export cadence are not: they change what is logged or saved along the way, not the model."""
+export cadence are not: they change what is logged or saved along the way, not the model;
+nor are `resources` (the same run on other hardware is the same model)."""
+
+DEFAULT_TRAINING_RESOURCES: dict[str, Any] = {"accelerator": "any"}
+"""The resources of training and evaluation steps whose SimpleTrainConfig sets none: any
+accelerator the driver has (the local runner reads only whether a step declares resources)."""
+
+
+def _resources(train_config: Any) -> ResourceConfig | dict[str, Any]:
+    """`train_config.resources` when set, else DEFAULT_TRAINING_RESOURCES (a fresh copy)."""
+    resources = getattr(train_config, "resources", None)
+    return dict(DEFAULT_TRAINING_RESOURCES) if resources is None else resources
 
 
 def default_train(
@@ -229,7 +240,9 @@ def default_train(
     """`checkpoints/<name>`: train `model` (a `LlamaSpec`, see marin.models) on a tokenized step.
 
     The tokenizer defaults to the one the tokenized step used. The model shape and the
-    hyperparameters that change the model are versioned, as in Marin.
+    hyperparameters that change the model are versioned, as in Marin. The step's resources
+    are `train_config.resources` (e.g. `ResourceConfig.with_tpu("v4-8")`), by default any
+    accelerator; they are not versioned.
     """
     from dataclasses import replace
 
@@ -252,7 +265,7 @@ def default_train(
             tracker=tracker,
         ),
         description=f"Train {name} for {train_config.num_train_steps} steps",
-        resources={"accelerator": "any"},
+        resources=_resources(train_config),
     )
 
 
@@ -263,9 +276,11 @@ def default_eval(
     *,
     max_eval_batches: int | None = None,
     batch_size: int = 8,
+    resources: ResourceConfig | dict[str, Any] | None = None,
 ) -> ExecutorStep:
     """`evaluation/<name>`: held-out loss and bits-per-byte per domain for a training step's
-    final checkpoint (results.json). `datasets` maps domain names to tokenized steps."""
+    final checkpoint (results.json). `datasets` maps domain names to tokenized steps.
+    `resources` default to the training run's (`SimpleTrainConfig.resources`), else any accelerator."""
     from operations.eval import EvalConfig, evaluate
 
     return ExecutorStep(
@@ -281,5 +296,5 @@ def default_eval(
             batch_size=versioned(batch_size),
         ),
         description=f"Evaluate {trained.name} on {', '.join(datasets)}",
-        resources={"accelerator": "any"},
+        resources=_resources(getattr(trained.config, "train", None)) if resources is None else resources,
     )

@@ -70,6 +70,8 @@ if TYPE_CHECKING:
     from levanter.main.train_lm import TrainLmConfig
     from levanter.models.llama import LlamaConfig
 
+    from executor.resources import ResourceConfig
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -177,6 +179,11 @@ class SimpleTrainConfig:
 
     seed: int = 0
     """Seed of model initialisation and data order."""
+
+    resources: ResourceConfig | dict[str, Any] | None = None
+    """What the training step asks the cluster for (e.g. `ResourceConfig.with_tpu("v4-8")`);
+    None: `marin.defaults`' default. Not versioned, and not used by `train` itself:
+    `default_train` moves it onto the step."""
 
 
 @dataclass(frozen=True)
