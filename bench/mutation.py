@@ -173,6 +173,9 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("LeaseManager.try_acquire", "if current is not None and not self.is_stale(record, ):"): (
         "is_stale without `now` reads the clock itself, microseconds after `now` was read"
     ),
+    ("LeaseManager.try_acquire", "if current is not None and not self.is_stale(record, None):"): (
+        "is_stale with now=None reads the clock itself, microseconds after `now` was read"
+    ),
     ("LeaseManager.confirm", "written = self._written.get(output_path, 1.0)"): (
         "_written is set whenever _held is, and confirm returns before using `written` when _held "
         "has no entry"
