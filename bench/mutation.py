@@ -162,6 +162,49 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("_uninstall", '_handler = ""'): (
         "_handler is read only by _uninstall after an _install has set it again; '' and None are never seen"
     ),
+    # executor/steps.py: _is_valid_name is a fast path. A name it refuses is checked again by
+    # _name_problem, which gives the same verdict (pinned by test_the_fast_name_check_agrees_with_the_explained_one),
+    # so a mutant that only makes it refuse more names changes nothing but speed.
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "XXaXX").replace("_", "a").replace("-", "a").replace(".", "a").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "A").replace("_", "a").replace("-", "a").replace(".", "a").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "a").replace("XX_XX", "a").replace("-", "a").replace(".", "a").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "a").replace("_", "XXaXX").replace("-", "a").replace(".", "a").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "a").replace("_", "A").replace("-", "a").replace(".", "a").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "a").replace("_", "a").replace("-", "XXaXX").replace(".", "a").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "a").replace("_", "a").replace("-", "A").replace(".", "a").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "a").replace("_", "a").replace("-", "a").replace(".", "XXaXX").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_is_valid_name",
+        'or not name.replace("/", "a").replace("_", "a").replace("-", "a").replace(".", "A").isalnum()',
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "check_step_name",
+        "if type(None) is str and _is_valid_name(name):",
+    ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
     # (function or Class.method, the mutated line, stripped) -> why no test can tell the mutant from the original
     ("map_markers", "if all(new is old for new, old in zip(items, obj, strict=None)):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"

@@ -10,6 +10,7 @@ which flag values are read without draccus.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import sys
@@ -72,6 +73,13 @@ def test_a_run_prints_where_its_manifest_is_and_returns_the_executor(run_main, t
     assert f"Experiment manifest: {executor.executor_info_path}\n" in out
     assert os.path.exists(executor.executor_info_path)
     assert CALLS == {"a": 1}
+
+
+def test_the_description_given_to_executor_main_is_recorded_in_the_manifest(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(sys, "argv", ["experiment.py", "--prefix", str(tmp_path / "out")])
+    executor = main.executor_main([write_step("a")], description="what this study is for")
+    with open(executor.executor_info_path, encoding="utf-8") as manifest:
+        assert json.load(manifest)["description"] == "what this study is for"
 
 
 def test_the_manifest_goes_under_executor_info_base_path(run_main, tmp_path):

@@ -116,6 +116,9 @@ def test_a_str_subclass_name_is_checked_like_a_str():
         pass
 
     check_step_name(Name("a/b"))
+    every_allowed = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
+    check_step_name(Name(f"x/{every_allowed}"))  # a part using every allowed character is fine
+    check_step_name(every_allowed)
     with pytest.raises(StepDefinitionError) as caught:
         check_step_name(Name("a//b"))
     assert "it contains '//'" in str(caught.value)
@@ -147,6 +150,7 @@ def test_sub_paths_join_with_exactly_one_slash():
     assert (s / "a" / "b").name == "a/b"
     assert InputName(s, "a/").cd("/b").name == "a/b"
     assert InputName(s, "a//").cd("//b").name == "a/b"
+    assert InputName(s, "BOX").cd("XY").name == "BOX/XY"  # only slashes are trimmed
     assert InputName(s, None).cd("b").name == "b"
     assert InputName(s, "").cd("b").name == "b"
     assert InputName(s, "a").cd("").name == "a"
