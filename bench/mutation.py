@@ -205,6 +205,40 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "check_step_name",
         "if type(None) is str and _is_valid_name(name):",
     ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    # executor/tree.py
+    (
+        "StatusEvent.from_json",
+        "return StatusEvent(date=date, status=Status.SUCCESS, worker=worker, extra=extra)",
+    ): "message defaults to None",
+    (
+        "StatusEvent.from_json",
+        "for key, value in zip(_STRING_FIELDS, strings, strict=None):",
+    ): "both tuples always have 5 items, so `strict` never fires",
+    (
+        "StatusEvent.from_json",
+        "for key, value in zip(_STRING_FIELDS, strings, ):",
+    ): "both tuples always have 5 items, so `strict` never fires",
+    (
+        "read_last_status",
+        'newline = data.rfind(b"\\n", 0, len(data.rstrip()))',
+    ): "only the last line is parsed: cutting the tail at its last newline instead of its first keeps that line",
+    (
+        "read_last_status",
+        "if newline > 0:",
+    ): "a tail starting with a newline is then read again, longer: the same last line, one read more",
+    (
+        "read_last_status",
+        "if newline >= 1:",
+    ): "a tail starting with a newline is then read again, longer: the same last line, one read more",
+    (
+        "_read_tail",
+        "local = None",
+    ): "LocalStore's fs (fsspec's local filesystem) reads the same bytes and raises the same errors; only the syscalls differ",
+    ("_read_tail", "return None, False"): "callers test the data for None before looking at `whole`",
+    (
+        "_read_tail",
+        "return data, limit is None or info.st_size < limit",
+    ): "a tail of exactly the file's size is then cut at its first newline or read again whole: the same last line",
     # (function or Class.method, the mutated line, stripped) -> why no test can tell the mutant from the original
     ("map_markers", "if all(new is old for new, old in zip(items, obj, strict=None)):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"

@@ -9,6 +9,7 @@ files, and the `.executor_info` layout.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass
 
@@ -111,6 +112,10 @@ def test_a_long_unknown_status_word_is_shortened_in_the_message():
     with pytest.raises(ValueError) as caught:
         StatusEvent.from_json(json.dumps({"status": exactly}))
     assert str(caught.value).startswith(f"unknown status '{exactly}' (expected")
+    one_more = "Z" * 59  # repr is 61 characters: shortened
+    with pytest.raises(ValueError) as caught:
+        StatusEvent.from_json(json.dumps({"status": one_more}))
+    assert str(caught.value).startswith(f"unknown status '{'Z' * 56}... (expected")
 
 
 DIGEST = "0123456789abcdef" * 4
@@ -265,6 +270,20 @@ def test_a_last_line_longer_than_the_maximum_is_refused(place, monkeypatch):
     assert caught.value.path == tree.status_path(output)
 
 
+def test_a_tail_that_starts_exactly_at_a_line_boundary_is_read(place, monkeypatch):
+    """The tail's first byte is the newline ending the line before: nothing is cut."""
+    monkeypatch.setattr(tree, "STATUS_TAIL_BYTES", 100)
+    store, output = place
+    first = event_line("RUNNING", message="m" * 150)
+    last = event_line("SUCCESS", worker="w")
+    last += " " * (99 - len(last) - 1)  # the last line and its newline: 99 bytes
+    write_status(store, output, f"{first}\n{last}\n".encode())
+    assert len(f"\n{last}\n") == 100
+    assert read_last_status(store, output) == StatusEvent(
+        date="2026-01-01T00:00:00.000Z", status=Status.SUCCESS, worker="w"
+    )
+
+
 def test_a_single_line_file_just_over_the_tail_is_read_whole(place, monkeypatch):
     """One line longer than the tail but within the maximum: the second read gets all of it."""
     monkeypatch.setattr(tree, "STATUS_TAIL_BYTES", 100)
@@ -288,8 +307,10 @@ def test_a_status_file_that_is_not_utf8_is_refused_naming_the_byte(place):
     with pytest.raises(StatusFileError) as caught:
         read_last_status(store, output)
     assert caught.value.why == "not UTF-8 text (byte 22 of what was read)"
-    with pytest.raises(StatusFileError, match=r"byte 22 of what was read"):
+    with pytest.raises(StatusFileError) as caught:
         read_status(store, output)
+    assert caught.value.path == tree.status_path(output)
+    assert caught.value.why == "not UTF-8 text (byte 22 of what was read)"
 
 
 def test_a_directory_in_place_of_the_status_file_is_refused(tmp_path):
@@ -315,6 +336,20 @@ def test_a_local_status_file_that_cannot_be_opened_is_a_store_error_naming_it(tm
         with pytest.raises(StoreError) as caught:
             read(LocalStore(), output)
         assert str(caught.value).startswith(f"cannot read {path}: OSError: [Errno 36] File name too long")
+
+
+def test_a_local_status_file_that_fails_to_read_is_a_store_error_naming_it(tmp_path):
+    """A read error (EIO, here from /proc/self/mem at address 0) is a storage failure naming the file."""
+    if not os.path.exists("/proc/self/mem"):
+        pytest.skip("needs Linux's /proc")
+    output = tmp_path / "step"
+    output.mkdir()
+    os.symlink("/proc/self/mem", output / ".executor_status")
+    path = tree.status_path(str(output))
+    for read in (read_last_status, read_status):
+        with pytest.raises(StoreError) as caught:
+            read(LocalStore(), str(output))
+        assert str(caught.value) == f"cannot read {path}: OSError: [Errno 5] Input/output error"
 
 
 def test_an_empty_object_whose_range_read_fails_is_read_whole(monkeypatch):
@@ -414,6 +449,17 @@ def test_step_info_record_lists_what_reproduce_needs(tmp_path):
     assert record["resources"] == {"gpu": 1}
     assert up_path in json.dumps(record["config_template"])
     assert step_info_record(resolved, graph)["run"] == {}
+
+
+class Pool:
+    """A resource value that is not JSON (e.g. a scheduler's handle)."""
+
+
+def test_resources_that_are_not_json_are_recorded_as_text(tmp_path):
+    s = ExecutorStep("s", _noop, Cfg(this_output_path(), versioned(1)), resources={"pool": Pool()})
+    graph = resolve([s], str(tmp_path))
+    record = step_info_record(graph.resolved(s), graph)
+    assert record["resources"] == {"pool": f"<{__name__}.Pool>"}
 
 
 # -- leases --------------------------------------------------------------------------------------
