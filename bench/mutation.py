@@ -263,6 +263,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("LeaseManager.close", "self._thread.join(timeout=self.config.heartbeat_interval + 6)"): (
         "the join bound only matters if the heartbeat thread hangs; it wakes at once when _stop is set"
     ),
+    # executor/runner.py
+    ("Runner._run_holding_lease", "if self.leases.was_lost(None) or not self.leases.confirm(path):"): (
+        "a lease marked lost is no longer held, so confirm(path) is False for it anyway"
+    ),
     # executor/plan.py
     ("_plan_step", "if lease is not None and not leases.is_stale(lease, ):"): (
         "is_stale without `now` reads the clock itself, milliseconds after make_plan read `now`"

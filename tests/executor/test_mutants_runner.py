@@ -488,3 +488,49 @@ def test_a_lost_lease_is_reported_with_its_kind_and_message(tmp_path):
     ]
     (finished,) = events_of(executor, RunFinished)
     assert (finished.succeeded, finished.failed) == (0, 1)
+
+
+def test_workers_freed_together_are_all_reused(tmp_path):
+    # b and c finish side by side, leaving two idle workers; d and e (ready together) must
+    # reuse both rather than start a third thread.
+    first, second = threading.Barrier(2, timeout=5), threading.Barrier(2, timeout=5)
+    threads = set()
+
+    def meet(barrier):
+        def fn(config):
+            threads.add(threading.current_thread().ident)
+            if barrier is not None:
+                barrier.wait()
+
+        return fn
+
+    a = step("a", 1, fn=meet(None))
+    b = step("b", 2, inputs=[output_path_of(a)], fn=meet(first))
+    c = step("c", 3, inputs=[output_path_of(a)], fn=meet(first))
+    d = step("d", 4, inputs=[output_path_of(b), output_path_of(c)], fn=meet(second))
+    e = step("e", 5, inputs=[output_path_of(b), output_path_of(c)], fn=meet(second))
+    executor_for(tmp_path).run([d, e])
+    assert len(threads) == 2
+
+
+def test_a_lease_lost_while_the_step_ran_is_reported_with_the_step_and_why(tmp_path):
+    slow_heartbeats = LeaseConfig(heartbeat_interval=600, timeout=1200, poll_interval=0.05)
+    executor = Executor(str(tmp_path), console=False, lease_config=slow_heartbeats)
+    thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600, acquired=time.time())
+
+    def taken_over_while_running(config):
+        executor.store.write_atomic(lease_path(config.output_path), thief.to_bytes())
+
+    s = step("taken", 1, fn=taken_over_while_running)
+    with pytest.raises(ExecutorRunError):
+        executor.run([s])
+    path = executor.output_paths[s]
+    # (the run also reports the loss itself, as on the heartbeat path: "lease lost to another driver")
+    (event,) = [e for e in events_of(executor, StepFailed) if e.log_path is not None]
+    assert (event.name, event.output_path, event.kind, event.log_path) == (
+        "taken",
+        path,
+        "lease_lost",
+        log_path(path),
+    )
+    assert event.error == "lease lost to another driver while the step ran; not marking it successful"
