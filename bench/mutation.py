@@ -263,6 +263,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("LeaseManager.close", "self._thread.join(timeout=self.config.heartbeat_interval + 6)"): (
         "the join bound only matters if the heartbeat thread hangs; it wakes at once when _stop is set"
     ),
+    # executor/store.py
+    ("Store.list_dir", 'name = entry["name"].rstrip("/").rsplit("/", 1)[+1]'): (
+        "fsspec names a listed child by its full path, so the split has exactly two parts: [1] is [-1]"
+    ),
     # executor/runner.py
     ("Runner._run_holding_lease", "if self.leases.was_lost(None) or not self.leases.confirm(path):"): (
         "a lease marked lost is no longer held, so confirm(path) is False for it anyway"

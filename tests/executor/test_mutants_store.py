@@ -497,3 +497,11 @@ def test_check_readable_names_the_prefix_and_the_error(tmp_path, monkeypatch):
         == f"cannot read the prefix {tmp_path}: PermissionError: [Errno 13] Permission denied"
     )
     assert isinstance(raised.value.__cause__, PermissionError)
+
+
+def test_names_ending_in_any_character_are_listed_and_normalised_intact(store_and_root):
+    # Only slashes are trimmed (a set of characters wrongly given to rstrip would eat more).
+    store, root = store_and_root
+    store.write_atomic(f"{root}/d/fileX", b"x")
+    assert [info.name for info in store.list_dir(f"{root}/d")] == ["fileX"]
+    assert normalize_prefix("s3://bucket/runX/") == "s3://bucket/runX"
