@@ -239,6 +239,15 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "_read_tail",
         "return data, limit is None or info.st_size < limit",
     ): "a tail of exactly the file's size is then cut at its first newline or read again whole: the same last line",
+    # executor/main.py
+    (
+        "_decoding_message",
+        'reason = reason.split(": ", 1)[-1] if reason.startswith(("int:", "float:", "bool:", "XXstr:XX")) else reason',
+    ): "no flag's value fails to decode as a str (draccus makes any YAML value a string), so no reason starts with 'str:'",
+    (
+        "_decoding_message",
+        'reason = reason.split(": ", 1)[-1] if reason.startswith(("int:", "float:", "bool:", "STR:")) else reason',
+    ): "no flag's value fails to decode as a str (draccus makes any YAML value a string), so no reason starts with 'str:'",
     # (function or Class.method, the mutated line, stripped) -> why no test can tell the mutant from the original
     ("map_markers", "if all(new is old for new, old in zip(items, obj, strict=None)):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"

@@ -10,6 +10,7 @@ which flag values are read without draccus.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -450,3 +451,136 @@ def test_lease_flags_name_themselves_in_errors():
         main.ExecutorMainConfig(lease_timeout=30.0, lease_heartbeat=2.0, lease_poll=1.0)
     )
     assert (lease.timeout, lease.heartbeat_interval, lease.poll_interval) == (30.0, 2.0, 1.0)
+
+
+# -- messages are flushed at once (stdout to a pipe is block-buffered) -----------------------------
+
+
+class QuietExecutor:
+    """Stands in for Executor: runs nothing, prints nothing, has a manifest path."""
+
+    def __init__(self, *args, **kwargs):
+        self.executor_info_path = "/p/experiments/x.json"
+
+    def run(self, *args, **kwargs):
+        pass
+
+
+def buffered_streams(monkeypatch):
+    """sys.stdout / sys.stderr as block-buffered text streams; returns their raw bytes."""
+    out, err = io.BytesIO(), io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8"))
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(err, encoding="utf-8"))
+    return out, err
+
+
+def test_the_no_prefix_notice_and_the_manifest_line_are_flushed_at_once(monkeypatch, tmp_path):
+    """Printed before the steps' own output: without a flush they would show up after it, or
+    never, if the script is killed, when stdout is a pipe (a CI log, `| tee`)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(main, "Executor", QuietExecutor)
+    monkeypatch.setattr(sys, "argv", ["experiment.py"])
+    out, _ = buffered_streams(monkeypatch)
+    main.executor_main([])
+    text = out.getvalue().decode()
+    assert "No --prefix and no $MARIN_PREFIX: writing under" in text
+    assert text.endswith("Experiment manifest: /p/experiments/x.json\n")
+
+
+def test_the_no_prefix_notice_alone_is_flushed(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(main, "Executor", QuietExecutor)
+    monkeypatch.setattr(sys, "argv", ["experiment.py", "--dry_run", "true"])
+    out, _ = buffered_streams(monkeypatch)
+    main.executor_main([])
+    assert (
+        out.getvalue().decode()
+        == f"No --prefix and no $MARIN_PREFIX: writing under {tmp_path / 'marin-output'}\n"
+    )
+
+
+def test_the_error_line_is_flushed_before_exiting(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["experiment.py", "--prefix", str(tmp_path), "--max_concurrent", "0"])
+    _, err = buffered_streams(monkeypatch)
+    with pytest.raises(SystemExit):
+        main.executor_main([])
+    assert err.getvalue().decode() == "error: --max_concurrent must be at least 1, got 0\n"
+
+
+def test_the_step_declaration_error_line_is_flushed(monkeypatch):
+    _, err = buffered_streams(monkeypatch)
+    kind, error, tb = _raise_through(INSIDE)
+    main._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
+    assert err.getvalue().decode() == "error: bad name\n"
+
+
+# -- more of the excepthook and the flag messages ----------------------------------------------------
+
+
+def test_the_last_frame_outside_the_executor_wins_over_earlier_ones(capsys, tmp_path):
+    """script -> executor -> a helper module -> executor: the helper's line is named (the
+    walk goes on to the innermost frame, it does not stop at the first one outside)."""
+    script, helper = str(tmp_path / "script.py"), str(tmp_path / "helper.py")
+    kind, error, tb = _raise_through(script, INSIDE, helper, INSIDE)
+    main._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
+    assert capsys.readouterr().err == f"error: {helper}:2: bad name\n"
+
+
+def test_an_unreadable_config_file_is_named_in_the_message(tmp_path):
+    missing = str(tmp_path / "no-such-flags.yaml")
+    with pytest.raises(main.UsageError) as caught:
+        main.parse_flags(["--config_path", missing])
+    text = str(caught.value)
+    assert text.startswith("cannot read the flags: FileNotFoundError: ")
+    assert missing in text and "\n" not in text
+
+
+def test_the_plain_path_pattern_compiled_on_first_use_accepts_paths(monkeypatch):
+    """The pattern is compiled by the first call in the process; what it accepts is pinned
+    from a fresh start (a later call would reuse whatever the first call compiled)."""
+    monkeypatch.setattr(main, "_PLAIN_PATH", None)
+    config = main._parse_plain(["--prefix", "/Data/Run_1/x-y.z", "--executor_info_base_path", "s3://B/e"])
+    assert config == main.ExecutorMainConfig(prefix="/Data/Run_1/x-y.z", executor_info_base_path="s3://B/e")
+    monkeypatch.setattr(main, "_PLAIN_PATH", None)
+    assert main._parse_plain(["--prefix", "/a b"]) is None
+
+
+def test_an_argparse_error_keeps_everything_after_its_first_error_marker():
+    with pytest.raises(main.UsageError) as caught:
+        main.parse_flags(["--no_such_flag", "a: error: b"])
+    assert str(caught.value) == "unrecognized arguments: --no_such_flag a: error: b (see --help)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--dry_run", "{a: 1}"],
+            "--dry_run: couldn't parse '{'a': 1}' into a bool (expected true or false)",
+        ),
+        (
+            ["--lease_poll", "{a: 1}"],
+            "--lease_poll: couldn't parse '{'a': 1}' into a float (expected a number of seconds)",
+        ),
+    ],
+)
+def test_a_decoding_message_keeps_colons_inside_the_value(argv, message):
+    with pytest.raises(main.UsageError) as caught:
+        main.parse_flags(argv)
+    assert str(caught.value) == message
+
+
+def test_a_decoding_message_drops_only_the_type_prefix():
+    with pytest.raises(main.UsageError) as caught:
+        main.parse_flags(["--max_concurrent", "[1]"])
+    assert str(caught.value).startswith("--max_concurrent: couldn't parse '[1]' into a int: ")
+
+
+def test_a_config_value_of_the_wrong_kind_for_a_list_flag_expects_nothing_named(tmp_path):
+    path = tmp_path / "flags.yaml"
+    path.write_text("run_only: 5\n")
+    with pytest.raises(main.UsageError) as caught:
+        main.parse_flags(["--config_path", str(path)])
+    assert str(caught.value) == (
+        "--run_only: list[str]: The given value='5' is not of a valid input for a list type"
+    )
