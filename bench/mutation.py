@@ -281,6 +281,9 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "a lease marked lost is no longer held, so confirm(path) is False for it anyway"
     ),
     # executor/plan.py
+    ("make_plan", "dep_names = [names.get(p, ) for p in step.dependencies]"): (
+        "every dependency of a resolved step is a step of the graph, so `names` always has it"
+    ),
     ("_plan_step", "if lease is not None and not leases.is_stale(lease, ):"): (
         "is_stale without `now` reads the clock itself, milliseconds after make_plan read `now`"
     ),
