@@ -305,10 +305,6 @@ def test_other_exceptions_go_to_the_previous_hook(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_importing_executor_main_installs_the_hook():
-    assert sys.excepthook is main._one_line_step_errors
-
-
 # -- flags -------------------------------------------------------------------------------------
 
 
