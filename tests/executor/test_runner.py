@@ -334,6 +334,6 @@ def test_steps_that_ask_for_the_whole_machine_run_one_at_a_time_beside_light_ste
     intervals = sorted(
         json.loads((Path(executor.output_paths[step]) / "interval.json").read_text()) for step in heavy
     )
-    for (_, end, _), (start, _, _) in zip(intervals, intervals[1:]):
+    for (_, end, _), (start, _, _) in zip(intervals, intervals[1:], strict=False):
         assert end <= start, intervals  # never two at once
     assert {pid for _, _, pid in intervals}.isdisjoint({os.getpid()})  # not in the driver
