@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from executor.backends import Backend, backend_name, open_backend
 from executor.console import ConsoleProgress
 from executor.events import StepPlanned
 from executor.graph import StepGraph, resolve
@@ -48,7 +49,12 @@ class Executor:
         lease_config: LeaseConfig | None = None,
         listeners: Sequence[Callable[[Any], None]] = (),
         console: bool = True,
+        backend: str | Backend | None = None,
+        ray_address: str | None = None,
     ):
+        """`backend`: where steps with `resources` run -- "local" (the default: a subprocess
+        each), "ray" (Ray tasks; `ray_address`, else $RAY_ADDRESS, else a local Ray), or a
+        `Backend`. (`executor_main` also reads $MARIN_BACKEND.) See `executor.backends`."""
         if not prefix:
             raise ValueError("Executor: prefix is empty; pass --prefix or set MARIN_PREFIX")
         self.prefix = normalize_prefix(prefix)
@@ -59,6 +65,10 @@ class Executor:
         self.lease_config = lease_config or LeaseConfig()
         self.listeners = list(listeners)
         self.console = console
+        if not isinstance(backend, Backend):
+            backend = backend_name(backend, "backend", environ=False)  # a bad name fails here
+        self.backend = backend
+        self.ray_address = ray_address
         self.store = open_store(self.prefix)
         self._reset()
 
@@ -107,6 +117,7 @@ class Executor:
         self.executor_info_path = experiment_info_path(self.executor_info_base_path, script, graph)
         worker_id = new_worker_id()
         runner_ref: list[Runner] = []
+        backend: Backend | None = None
         leases = LeaseManager(
             self.store, self.lease_config, worker_id, on_lost=lambda path: runner_ref[0].lease_lost(path)
         )
@@ -141,7 +152,10 @@ class Executor:
                 # prefix, if it cannot be. A cached re-run with a manifest writes nothing.
                 self.store.check_writable(self.prefix)
             listeners = [self._emit]
-            runner = Runner(plan, self.store, leases, self._dispatch(listeners, plan), max_concurrent)
+            backend = self._open_backend()
+            runner = Runner(
+                plan, self.store, leases, self._dispatch(listeners, plan), max_concurrent, backend
+            )
             runner_ref.append(runner)
             # Provenance (git, packages) is gathered only when a manifest is written: a fully
             # cached re-run of an experiment that has one finishes without spawning git.
@@ -172,10 +186,18 @@ class Executor:
                     outcomes,
                 )
         finally:
+            if backend is not None and backend is not self.backend:
+                backend.close()
             leases.close()
         if summary.failures:
             raise ExecutorRunError(summary.failures)
         return plan
+
+    def _open_backend(self) -> Backend:
+        """The backend for this run (opening one starts nothing; Ray connects at its first heavy step)."""
+        if isinstance(self.backend, Backend):
+            return self.backend
+        return open_backend(self.backend, self.ray_address)
 
     def _dispatch(self, listeners: list, plan: Plan) -> Callable[[Any], None]:
         if self.console:

@@ -89,6 +89,15 @@ class ExecutorMainConfig:
     """Seconds between checks on a step another driver is running. Default: $MARIN_LEASE_POLL,
     else 5."""
 
+    backend: Optional[str] = None
+    """Where steps with resources run: local (a subprocess each, admitted by this machine's CPUs
+    and GPUs) or ray (Ray tasks). Default: $MARIN_BACKEND, else local. Light steps always run
+    in the driver."""
+
+    ray_address: Optional[str] = None
+    """The Ray cluster for --backend ray (e.g. 10.0.0.2:6379, or auto). Default: $RAY_ADDRESS,
+    else a local Ray started for this run."""
+
 
 _LEASE_FLAGS = {
     "timeout": "lease_timeout",
@@ -115,6 +124,7 @@ def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):
     try:
         config = parse_flags(sys.argv[1:])
         lease_config = lease_config_of(config)
+        backend = backend_of(config)
     except UsageError as error:
         _exit(str(error), EXIT_USAGE)
     if not logging.getLogger().handlers:
@@ -122,7 +132,12 @@ def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):
     prefix = resolve_prefix(config.prefix)
     try:
         executor = Executor(
-            prefix, config.executor_info_base_path, description=description, lease_config=lease_config
+            prefix,
+            config.executor_info_base_path,
+            description=description,
+            lease_config=lease_config,
+            backend=backend,
+            ray_address=config.ray_address,
         )
     except ValueError as error:  # an empty prefix
         _exit(str(error), EXIT_USAGE)
@@ -233,6 +248,23 @@ def _plain_str(text: str) -> str | None:
     return text if "/" in text and _PLAIN_PATH.fullmatch(text) else None
 
 
+def _plain_word(text: str) -> str | None:
+    return text if text.isascii() and text.isalpha() and text.lower() not in _YAML_WORDS else None
+
+
+def _plain_address(text: str) -> str | None:
+    # host:port, or ray://host:port: ':' followed by digits is a string to YAML only with
+    # letters around it, so only these two shapes are read here; anything else goes to draccus.
+    import re
+
+    if re.fullmatch(r"(ray://)?[A-Za-z][A-Za-z0-9.-]*:[0-9]{1,5}|(ray://)?[0-9.]+:[0-9]{1,5}|auto", text):
+        return text
+    return None
+
+
+_YAML_WORDS = {"yes", "no", "on", "off", "true", "false", "null", "y", "n", "none"}
+
+
 def _plain_bool(text: str) -> bool | None:
     return _PLAIN_BOOLS.get(text)
 
@@ -260,6 +292,8 @@ _PLAIN_PARSERS = {
     "lease_timeout": _plain_float,
     "lease_heartbeat": _plain_float,
     "lease_poll": _plain_float,
+    "backend": _plain_word,
+    "ray_address": _plain_address,
 }
 """Flag -> reader of the values YAML (hence draccus) reads the same way; None for any other value."""
 
@@ -305,6 +339,16 @@ def lease_config_of(config: ExecutorMainConfig) -> LeaseConfig:
         return LeaseConfig.from_env(
             sources={field: f"--{flag}" for field, flag in _LEASE_FLAGS.items()}, **given
         )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def backend_of(config: ExecutorMainConfig) -> str:
+    """--backend, else $MARIN_BACKEND, else local; UsageError naming the flag or variable."""
+    from executor.backends import backend_name
+
+    try:
+        return backend_name(config.backend)
     except ValueError as error:
         raise UsageError(str(error)) from None
 

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from executor.backends import Backend, StepFunctionError, UnsatisfiableError
 from executor.events import (
     RunFinished,
     StepFailed,
@@ -131,8 +132,11 @@ class Runner:
         leases: LeaseManager,
         emit: Callable[[Any], None],
         max_concurrent: int | None = None,
+        backend: Backend | None = None,
     ):
-        """`run_record`, set before `run()`, is recorded in every `.executor_info` written."""
+        """`run_record`, set before `run()`, is recorded in every `.executor_info` written.
+
+        `backend` calls the step functions (default: every step in its driver thread)."""
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         self.plan = plan
@@ -140,6 +144,7 @@ class Runner:
         self.leases = leases
         self.emit = emit
         self.max_concurrent = max_concurrent or DEFAULT_MAX_CONCURRENT
+        self.backend = backend or Backend()
         self._messages: queue.SimpleQueue = queue.SimpleQueue()
         # Worker threads are kept and reused: starting a thread per step made the main
         # thread wait for each new thread to be scheduled (Thread.start), ~0.5 ms a step on
@@ -153,8 +158,13 @@ class Runner:
 
     # -- main thread ----------------------------------------------------------
     def lease_lost(self, output_path: str) -> None:
-        """Called by the heartbeat thread."""
+        """Called by the heartbeat thread: the step must not write again, so its process (on a
+        backend that runs steps in processes) is stopped."""
         self._messages.put(("lost", output_path, None))
+        try:
+            self.backend.cancel(output_path)
+        except Exception:  # the step then fails to confirm its lease instead
+            logger.exception("could not stop %s after losing its lease", output_path)
 
     def run(self) -> RunSummary:
         start = time.time()
@@ -202,7 +212,7 @@ class Runner:
         try:
             while ready or running:
                 while len(running) < self.max_concurrent:
-                    path = self._next_startable(ready, running, todo)
+                    path = self._next_startable(ready, running, todo, self.backend)
                     if path is None:
                         break
                     ready.remove(path)
@@ -239,16 +249,16 @@ class Runner:
                 self._work.put(None)  # idle workers exit; busy ones (orphaned steps) after their step
 
     @staticmethod
-    def _next_startable(ready: list[str], running: set[str], todo: dict[str, PlannedStep]) -> str | None:
-        """The first ready step that may start now.
-
-        Steps that declare `resources` are heavy (training, evaluation): they hold process-wide
-        state (JAX, the W&B singleton, Levanter's logging), so in the driver they run one at a
-        time. Light steps run alongside them. A remote backend will lift this for heavy steps.
-        """
-        heavy_running = any(todo[path].step.step.resources is not None for path in running)
+    def _next_startable(
+        ready: list[str], running: set[str], todo: dict[str, PlannedStep], backend: Backend
+    ) -> str | None:
+        """The first ready step the backend admits beside the running ones (light steps always;
+        heavy steps by the resources they ask for: see `executor.backends`)."""
+        if not running:
+            return ready[0] if ready else None
+        others = [todo[path].step for path in running]
         for path in ready:
-            if todo[path].step.step.resources is None or not heavy_running:
+            if backend.admit(todo[path].step, others):
                 return path
         return None
 
@@ -275,6 +285,11 @@ class Runner:
                 self.leases.release(row.output_path)
 
     def _interrupt(self, running: set[str]) -> None:
+        for path in running:
+            try:
+                self.backend.cancel(path)
+            except Exception:
+                logger.exception("could not stop %s", path)
         for path in running:
             if self.leases.holds(path):
                 try:
@@ -369,23 +384,38 @@ class Runner:
     def _run_holding_lease(self, row: PlannedStep) -> tuple[Outcome, str]:
         step, path, worker = row.step, row.output_path, self.leases.worker_id
         start = time.time()
-        write_info(self.store, step_info_record(step, self.plan.graph, self.run_record))
-        append_status(self.store, path, Status.RUNNING, None, worker)
         error: BaseException | None = None
+        dispatch = None
+        try:
+            dispatch = self.backend.prepare(step)
+        except (UnsatisfiableError, StepFunctionError) as refused:
+            error = refused
+        write_info(self.store, step_info_record(step, self.plan.graph, self.run_record, dispatch))
+        append_status(self.store, path, Status.RUNNING, None, worker)
         with capture_step_log(self.store, path) as log:
             self.emit(StepStarted(row.name, path, log_path=log))
-            try:
-                step.step.fn(step.config)
-            except BaseException as caught:  # SystemExit from a step is a failure, not an exit
-                error = caught
-                traceback.print_exc()
+            if error is not None:
+                print(f"not started: {error}")
+            else:
+                try:
+                    self.backend.call(step, dispatch)
+                except StepFunctionError as caught:  # its traceback is in the log already
+                    error = caught
+                    print(f"step failed: {caught}")
+                except BaseException as caught:  # SystemExit from a step is a failure, not an exit
+                    error = caught
+                    traceback.print_exc()
         duration = time.time() - start
         if self.leases.was_lost(path) or not self.leases.confirm(path):
             message = "lease lost to another driver while the step ran; not marking it successful"
             self.emit(StepFailed(row.name, path, kind=Outcome.LOST.value, error=message, log_path=log))
             return Outcome.LOST, message
         if error is not None:
-            message = f"{type(error).__name__}: {error}"
+            message = (
+                str(error)
+                if isinstance(error, (StepFunctionError, UnsatisfiableError))  # already worded
+                else f"{type(error).__name__}: {error}"
+            )
             try:
                 append_status(self.store, path, Status.FAILED, message, worker, duration_s=round(duration, 3))
             finally:

@@ -346,12 +346,16 @@ def append_status(
 
 
 def step_info_record(
-    step: ResolvedStep, graph: StepGraph, run_record: dict[str, Any] | None = None
+    step: ResolvedStep,
+    graph: StepGraph,
+    run_record: dict[str, Any] | None = None,
+    dispatch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `.executor_info` JSON for a resolved step of `graph`.
 
     `run_record` says where the run came from (experiment manifest, git state); with
     `config_template` it is what `marin reproduce` needs to declare the step again.
+    `dispatch` is where the backend ran it (backend, device chosen, Ray options).
     """
     names = graph.names_by_path
     return {
@@ -374,6 +378,7 @@ def step_info_record(
         "run": run_record or {},
         "pip_dependency_groups": step.step.pip_dependency_groups,
         "resources": _plain(step.step.resources),
+        "dispatch": dispatch,
     }
 
 

@@ -5,6 +5,7 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -310,16 +311,29 @@ def test_executor_info_base_path_moves_the_manifest(tmp_path):
     assert os.path.exists(executor.executor_info_path)
 
 
-def test_steps_that_declare_resources_run_one_at_a_time_beside_light_steps(tmp_path):
-    seen, lock, active, release = [], threading.Lock(), [0], threading.Event()
-    heavy_probe = _concurrency_probe(seen, lock, active, release)
-    light_started = threading.Event()
+def test_steps_that_ask_for_the_whole_machine_run_one_at_a_time_beside_light_steps(tmp_path):
+    """A plain-dict `resources` (the older form) takes the whole machine on the local backend:
+    such steps run one at a time, each in its own process, while light steps go on."""
+    from tests.executor.steps_for_heavy import IntervalConfig, record_interval
 
-    def light(config):
-        light_started.set()
-
-    heavy = [write_step(f"heavy{i}", i, fn=heavy_probe, resources={"accelerator": "any"}) for i in range(3)]
+    light_marker = tmp_path / "light-ran"
+    heavy = [
+        ExecutorStep(
+            name=f"heavy{i}",
+            fn=record_interval,
+            config=IntervalConfig(
+                output_path=this_output_path(), index=versioned(i), wait_for=str(light_marker)
+            ),
+            resources={"accelerator": "any"},
+        )
+        for i in range(3)
+    ]
+    light = write_step("light", 9, fn=lambda config: light_marker.write_text("x"))
     executor = Executor(str(tmp_path), console=False)
-    executor.run([*heavy, write_step("light", 9, fn=light)], max_concurrent=4)
-    assert max(seen) == 1  # never two heavy steps at once
-    assert light_started.is_set()
+    executor.run([*heavy, light], max_concurrent=4)
+    intervals = sorted(
+        json.loads((Path(executor.output_paths[step]) / "interval.json").read_text()) for step in heavy
+    )
+    for (_, end, _), (start, _, _) in zip(intervals, intervals[1:], strict=False):
+        assert end <= start, intervals  # never two at once
+    assert {pid for _, _, pid in intervals}.isdisjoint({os.getpid()})  # not in the driver

@@ -1,0 +1,102 @@
+"""Backends: where a step's function runs.
+
+The runner keeps everything that makes a step exactly-once and cached -- the lease, the
+status lines, `.executor_info`, the log file -- and asks a backend only to *call the step
+function* somewhere and say whether it returned. So every backend shares one bookkeeping
+path, and a new one (a cluster scheduler) is this small interface:
+
+- `admit(step, running)`: may the step start now, beside the steps already running? (The
+  runner's `max_concurrent` bounds the driver threads on top of this.)
+- `prepare(step)`: decide where it runs (which device alternative, which Ray options) and
+  return a JSON-ready record of that choice, written into `.executor_info` as `dispatch`;
+  raise `UnsatisfiableError` if nothing can ever run it;
+- `call(step, dispatch)`: run `fn(config)` there and return when it returned; raise
+  `StepFunctionError` (or the function's own exception, in the driver) when it failed;
+- `cancel(output_path)`: stop a step still running there (its lease was lost, or the run was
+  interrupted), so it cannot write into its output any more;
+- `close()`.
+
+Two backends, chosen by `executor_main --backend local|ray` or `$MARIN_BACKEND`:
+
+- `local` (`executor.backends.local`): light steps (no `resources`) in driver threads; a step
+  with `resources` in a subprocess of its own, admitted by the machine's CPUs and GPUs;
+- `ray` (`executor.backends.ray_cluster`): light steps in driver threads; a step with
+  `resources` as a Ray task with the CPUs, memory, GPUs and custom resources its
+  `ResourceConfig` asks for.
+
+A light step always runs in the driver: starting a process for a step that lists a
+directory would cost more than the step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from executor.graph import ResolvedStep
+
+BACKENDS = ("local", "ray")
+"""Names accepted by `open_backend`, `--backend` and `$MARIN_BACKEND`."""
+
+BACKEND_ENV = "MARIN_BACKEND"
+
+
+class UnsatisfiableError(RuntimeError):
+    """No node (or this machine) can ever provide what the step asks for."""
+
+
+class StepFunctionError(RuntimeError):
+    """The step function failed where the backend ran it (another process or node)."""
+
+
+class Backend:
+    """The interface (see the module docstring). Light steps run in the calling thread."""
+
+    name = "driver"
+
+    def admit(self, step: ResolvedStep, running: list[ResolvedStep]) -> bool:
+        return True
+
+    def prepare(self, step: ResolvedStep) -> dict[str, Any]:
+        return {"backend": self.name, "where": "driver"}
+
+    def call(self, step: ResolvedStep, dispatch: dict[str, Any]) -> None:
+        step.step.fn(step.config)
+
+    def cancel(self, output_path: str) -> None:
+        """Nothing to stop in the driver: a driver thread cannot be killed (see the runner)."""
+
+    def close(self) -> None:
+        pass
+
+
+def is_heavy(step: ResolvedStep) -> bool:
+    """A step that declares resources runs where the backend puts heavy work."""
+    return step.step.resources is not None
+
+
+def backend_name(name: str | None, flag: str = "--backend", environ: bool = True) -> str:
+    """`name`, else `$MARIN_BACKEND` (when `environ`), else "local".
+
+    ValueError naming where the bad name came from (`flag`, or the variable) and the choices.
+    """
+    from_env = os.environ.get(BACKEND_ENV, "").strip() if environ and not name else ""
+    chosen = name or from_env or "local"
+    if chosen not in BACKENDS:
+        source = flag if name else f"${BACKEND_ENV}"
+        raise ValueError(f"{source}={chosen!r}: unknown backend; use one of {', '.join(BACKENDS)}")
+    return chosen
+
+
+def open_backend(name: str | None = None, ray_address: str | None = None) -> Backend:
+    """The backend called `name` (see `backend_name`). Opening one starts nothing: the Ray
+    backend imports Ray and connects only when its first heavy step is dispatched."""
+    chosen = backend_name(name)
+    if chosen == "ray":
+        from executor.backends.ray_cluster import RayBackend
+
+        return RayBackend(address=ray_address)
+    from executor.backends.local import LocalBackend
+
+    return LocalBackend()

@@ -1,0 +1,210 @@
+"""The local backend: light steps in driver threads, heavy steps in processes of their own.
+
+A step with `resources` (training, evaluation) holds process-wide state -- JAX's devices
+and compilation cache, the W&B run, Levanter's logging -- so two of them in one process
+would share it. Each runs in a subprocess (`executor.backends.child`) instead; its stdout
+and stderr go to the step's log (and the console) as a light step's do.
+
+Heavy steps are admitted by what this machine has: the CPUs and GPUs the running heavy
+steps asked for, plus the new step's, must fit in `os.sched_getaffinity` CPUs and the
+visible NVIDIA GPUs. A step asking for more than the machine has still runs, alone (it
+could never start otherwise). A plain-dict `resources` (the older form, e.g.
+`{"accelerator": "any"}`) and a TPU ask for the whole machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from executor.backends import Backend, StepFunctionError, is_heavy
+
+if TYPE_CHECKING:
+    from executor.graph import ResolvedStep
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one heavy step takes from the machine while it runs."""
+
+    cpu: float
+    gpu: int
+    whole_machine: bool = False
+    """True: runs only when no other heavy step does, and none starts beside it."""
+
+
+def request_of(resources: Any) -> Request:
+    """The CPUs and GPUs a step's `resources` ask for on this machine."""
+    if resources is None:
+        return Request(cpu=0, gpu=0)
+    if isinstance(resources, dict):
+        known = {"cpu", "gpu"}
+        if resources and set(resources) <= known:
+            return Request(cpu=float(resources.get("cpu", 1)), gpu=int(resources.get("gpu", 0)))
+        return Request(cpu=0, gpu=0, whole_machine=True)
+    device = getattr(resources, "device", None)
+    kind = getattr(device, "kind", "cpu")
+    if kind == "tpu":
+        return Request(cpu=0, gpu=0, whole_machine=True)
+    gpu = int(getattr(device, "count", 1)) if kind == "gpu" else 0
+    return Request(cpu=float(getattr(resources, "cpu", 1) or 0), gpu=gpu)
+
+
+def machine_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine_gpus() -> int:
+    """NVIDIA GPUs this process may use: `$CUDA_VISIBLE_DEVICES`, else the device files."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([entry for entry in visible.split(",") if entry.strip() and entry.strip() != "-1"])
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, cpus: int | None = None, gpus: int | None = None):
+        """`cpus`/`gpus`: the machine's capacity (default: what this process can use)."""
+        self.cpus = machine_cpus() if cpus is None else cpus
+        self.gpus = machine_gpus() if gpus is None else gpus
+        self._processes: dict[str, subprocess.Popen] = {}
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+
+    def admit(self, step: ResolvedStep, running: list[ResolvedStep]) -> bool:
+        if not is_heavy(step):
+            return True
+        heavy = [request_of(other.step.resources) for other in running if is_heavy(other)]
+        if not heavy:
+            return True  # alone, whatever it asks for
+        wanted = request_of(step.step.resources)
+        if wanted.whole_machine or any(other.whole_machine for other in heavy):
+            return False
+        cpu = sum(other.cpu for other in heavy) + wanted.cpu
+        gpu = sum(other.gpu for other in heavy) + wanted.gpu
+        return cpu <= self.cpus and gpu <= self.gpus
+
+    def prepare(self, step: ResolvedStep) -> dict[str, Any]:
+        if not is_heavy(step):
+            return super().prepare(step)
+        wanted = request_of(step.step.resources)
+        return {
+            "backend": self.name,
+            "where": "subprocess",
+            "cpu": "all" if wanted.whole_machine else wanted.cpu,
+            "gpu": "all" if wanted.whole_machine else wanted.gpu,
+        }
+
+    def call(self, step: ResolvedStep, dispatch: dict[str, Any]) -> None:
+        if dispatch.get("where") != "subprocess":
+            return super().call(step, dispatch)
+        path = step.output_path
+        payload_fd, payload_path = tempfile.mkstemp(prefix="marin-step-", suffix=".pkl")
+        result_fd, result_path = tempfile.mkstemp(prefix="marin-step-", suffix=".json")
+        os.close(result_fd)
+        try:
+            with os.fdopen(payload_fd, "wb") as handle:
+                handle.write(_payload(step))
+            process = subprocess.Popen(
+                [sys.executable, "-m", "executor.backends.child", payload_path, result_path],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=_child_env(),
+            )
+            with self._lock:
+                self._processes[path] = process
+                cancelled = path in self._cancelled
+            if cancelled:
+                process.kill()
+            _copy_output(process)
+            code = process.wait()
+        finally:
+            with self._lock:
+                self._processes.pop(path, None)
+                cancelled = path in self._cancelled
+                self._cancelled.discard(path)
+            with contextlib.suppress(OSError):
+                os.unlink(payload_path)
+            error = _read_error(result_path)
+        if cancelled:
+            raise StepFunctionError("stopped: its process was killed (lease lost or run interrupted)")
+        if code != 0:
+            raise StepFunctionError(error or f"the step's process exited with code {code}")
+
+    def cancel(self, output_path: str) -> None:
+        with self._lock:
+            self._cancelled.add(output_path)
+            process = self._processes.get(output_path)
+        if process is not None:
+            with contextlib.suppress(OSError):
+                process.kill()
+
+    def close(self) -> None:
+        with self._lock:
+            paths = list(self._processes)
+        for path in paths:
+            self.cancel(path)
+
+
+def _payload(step: ResolvedStep) -> bytes:
+    import pickle
+
+    import cloudpickle
+
+    try:
+        blob = cloudpickle.dumps((step.step.fn, step.config))
+    except Exception as error:  # locks, open files, generators in the config or the function
+        raise StepFunctionError(
+            f"step {step.name!r}: its function and config cannot be sent to a subprocess "
+            f"({type(error).__name__}: {error}); make them picklable, or drop `resources` to run "
+            "the step in the driver"
+        ) from None
+    return pickle.dumps(([entry for entry in sys.path if entry], blob))
+
+
+def _child_env() -> dict[str, str]:
+    """The driver's environment, with the directory holding `executor` on PYTHONPATH."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _copy_output(process: subprocess.Popen) -> None:
+    """The child's output, line by line, into this thread's stdout (the step's log)."""
+    assert process.stdout is not None
+    for raw in iter(process.stdout.readline, b""):
+        sys.stdout.write(raw.decode("utf-8", errors="replace"))
+    process.stdout.close()
+
+
+def _read_error(result_path: str) -> str | None:
+    try:
+        with open(result_path, encoding="utf-8") as handle:
+            text = handle.read(1 << 16)
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(result_path)
+    if not text:
+        return None
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error if isinstance(error, str) else None

@@ -1,0 +1,72 @@
+"""Step functions for heavy steps: they run in other processes (the local backend's
+subprocesses, Ray workers), so they coordinate through files, not Python objects."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class IntervalConfig:
+    output_path: str
+    index: int = 0
+    wait_for: str | None = None
+    """A file to wait for (at most 20 s) before finishing: another step must be running."""
+
+    hold: float = 0.3
+    """Seconds to stay running."""
+
+
+def record_interval(config: IntervalConfig) -> None:
+    """Write (start, end, pid) of this call to interval.json; print a line to the step log."""
+    start = time.time()
+    print(f"step {config.index} running in process {os.getpid()}")
+    deadline = start + 20
+    while config.wait_for and not os.path.exists(config.wait_for) and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(config.hold)
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "interval.json"), "w") as handle:
+        json.dump([start, time.time(), os.getpid()], handle)
+
+
+@dataclass(frozen=True)
+class MeetConfig:
+    output_path: str
+    me: str
+    other: str
+    """Directory of the other step: it must have started (written `started`) while we run."""
+
+
+def meet(config: MeetConfig) -> None:
+    """Succeeds only if the other step is running at the same time (each waits up to 30 s)."""
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "started"), "w") as handle:
+        handle.write(str(os.getpid()))
+    deadline = time.time() + 30
+    while not os.path.exists(os.path.join(config.other, "started")):
+        if time.time() > deadline:
+            raise TimeoutError(f"{config.me}: the other step never ran at the same time")
+        time.sleep(0.02)
+
+
+@dataclass(frozen=True)
+class SleepConfig:
+    output_path: str
+    seconds: float = 60.0
+
+
+def sleep_then_write(config: SleepConfig) -> None:
+    print("sleeping", flush=True)
+    time.sleep(config.seconds)
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "woke"), "w") as handle:
+        handle.write("late")
+
+
+def boom(config: IntervalConfig) -> None:
+    print("about to fail")
+    raise ValueError(f"boom {config.index}")

@@ -1,0 +1,317 @@
+"""The local backend, and choosing a backend (the Ray backend: tests/integration/test_ray_backend.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from executor import Executor, ExecutorRunError, ExecutorStep, ResourceConfig, this_output_path, versioned
+from executor.backends import BACKEND_ENV, backend_name, open_backend
+from executor.backends.local import LocalBackend, Request, request_of
+from executor.main import parse_flags
+from executor.resources import GpuConfig
+from executor.tree import Status, read_info, read_status
+from tests.executor.steps_for_heavy import (
+    IntervalConfig,
+    MeetConfig,
+    SleepConfig,
+    boom,
+    meet,
+    record_interval,
+    sleep_then_write,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def interval_step(name: str, index: int, resources, **fields) -> ExecutorStep:
+    return ExecutorStep(
+        name=name,
+        fn=record_interval,
+        config=IntervalConfig(output_path=this_output_path(), index=versioned(index), **fields),
+        resources=resources,
+    )
+
+
+def read_interval(executor: Executor, step: ExecutorStep) -> list:
+    return json.loads((Path(executor.output_paths[step]) / "interval.json").read_text())
+
+
+# -- requests and admission ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        (None, Request(cpu=0, gpu=0)),
+        ({"cpu": 2}, Request(cpu=2, gpu=0)),
+        ({"cpu": 1, "gpu": 2}, Request(cpu=1, gpu=2)),
+        ({"accelerator": "any"}, Request(cpu=0, gpu=0, whole_machine=True)),
+        ({}, Request(cpu=0, gpu=0, whole_machine=True)),
+        (ResourceConfig.with_cpu(cpu=3), Request(cpu=3, gpu=0)),
+        (ResourceConfig.with_gpu("H100", count=2, cpu=4), Request(cpu=4, gpu=2)),
+        (ResourceConfig.with_tpu("v4-8"), Request(cpu=0, gpu=0, whole_machine=True)),
+    ],
+)
+def test_what_a_step_asks_of_this_machine(resources, expected):
+    assert request_of(resources) == expected
+
+
+def _resolved(resources):
+    from executor.graph import resolve
+
+    step = interval_step("s", 0, resources)
+    return resolve([step], "/tmp/unused").steps[0]
+
+
+def test_admission_by_cpus_and_gpus():
+    backend = LocalBackend(cpus=4, gpus=1)
+    two_cpus = _resolved(ResourceConfig.with_cpu(cpu=2))
+    three_cpus = _resolved(ResourceConfig.with_cpu(cpu=3))
+    gpu = _resolved(ResourceConfig(cpu=1, device=GpuConfig(count=1)))
+    whole = _resolved({"accelerator": "any"})
+    light = _resolved(None)
+    assert backend.admit(two_cpus, [two_cpus])  # 4 of 4 CPUs
+    assert not backend.admit(three_cpus, [two_cpus])  # 5 of 4
+    assert backend.admit(gpu, [two_cpus])
+    assert not backend.admit(gpu, [gpu])  # 2 GPUs of 1
+    assert not backend.admit(whole, [two_cpus]) and not backend.admit(two_cpus, [whole])
+    assert backend.admit(light, [whole])  # light steps are not counted
+    assert backend.admit(three_cpus, [light, light])
+    assert LocalBackend(cpus=1, gpus=0).admit(_resolved(ResourceConfig.with_cpu(cpu=8)), [])  # alone: runs
+
+
+# -- heavy steps in their own processes ------------------------------------------------------
+
+
+def test_a_heavy_step_runs_in_its_own_process_and_its_output_lands_in_its_log(tmp_path):
+    step = interval_step("heavy", 1, ResourceConfig.with_cpu(cpu=1), hold=0)
+    executor = Executor(str(tmp_path), console=False)
+    executor.run([step])
+    start, end, pid = read_interval(executor, step)
+    assert pid != os.getpid() and start <= end
+    output = executor.output_paths[step]
+    log = (Path(output) / ".executor_log").read_text()
+    assert f"step 1 running in process {pid}" in log
+    info = read_info(executor.store, output)
+    assert info["dispatch"] == {"backend": "local", "where": "subprocess", "cpu": 1.0, "gpu": 0}
+    assert [event.status for event in read_status(executor.store, output)] == [Status.RUNNING, Status.SUCCESS]
+
+
+def test_light_steps_stay_in_the_driver(tmp_path):
+    step = interval_step("light", 1, None, hold=0)
+    executor = Executor(str(tmp_path), console=False)
+    executor.run([step])
+    assert read_interval(executor, step)[2] == os.getpid()
+    assert read_info(executor.store, executor.output_paths[step])["dispatch"] == {
+        "backend": "local",
+        "where": "driver",
+    }
+
+
+def test_two_heavy_steps_that_fit_run_at_the_same_time(tmp_path):
+    a_dir, b_dir = tmp_path / "out" / "a-dir", tmp_path / "out" / "b-dir"
+    steps = [
+        ExecutorStep(
+            name=name,
+            fn=meet,
+            config=MeetConfig(output_path=str(mine), me=versioned(name), other=str(other)),
+            resources=ResourceConfig.with_cpu(cpu=1),
+            override_output_path=str(mine),
+        )
+        for name, mine, other in (("a", a_dir, b_dir), ("b", b_dir, a_dir))
+    ]
+    Executor(str(tmp_path / "out"), console=False, backend=LocalBackend(cpus=2, gpus=0)).run(steps)
+    assert (a_dir / "started").read_text() != (b_dir / "started").read_text()  # two processes
+
+
+def test_heavy_steps_that_do_not_fit_together_take_turns(tmp_path):
+    steps = [interval_step(f"h{i}", i, ResourceConfig.with_cpu(cpu=2)) for i in range(2)]
+    executor = Executor(str(tmp_path), console=False, backend=LocalBackend(cpus=3, gpus=0))
+    executor.run(steps)
+    first, second = sorted(read_interval(executor, step) for step in steps)
+    assert first[1] <= second[0]
+
+
+def test_a_failing_heavy_step_fails_alone_with_its_message_and_traceback(tmp_path):
+    bad = ExecutorStep(
+        name="bad",
+        fn=boom,
+        config=IntervalConfig(output_path=this_output_path(), index=versioned(7)),
+        resources={"cpu": 1},
+    )
+    good = interval_step("good", 2, None, hold=0)
+    executor = Executor(str(tmp_path), console=False)
+    with pytest.raises(ExecutorRunError) as caught:
+        executor.run([bad, good])
+    (failure,) = caught.value.failures
+    assert failure.name == "bad" and failure.error == "ValueError: boom 7"
+    log = (Path(executor.output_paths[bad]) / ".executor_log").read_text()
+    assert "about to fail" in log and "Traceback" in log and "ValueError: boom 7" in log
+    assert read_status(executor.store, executor.output_paths[bad])[-1].status == Status.FAILED
+    assert read_status(executor.store, executor.output_paths[good])[-1].status == Status.SUCCESS
+
+
+def test_a_cancelled_heavy_step_is_killed_and_never_marked_successful(tmp_path):
+    backend = LocalBackend()
+    step = ExecutorStep(
+        name="sleepy",
+        fn=sleep_then_write,
+        config=SleepConfig(output_path=this_output_path(), seconds=versioned(30.0)),
+        resources={"cpu": 1},
+    )
+    executor = Executor(str(tmp_path), console=False, backend=backend)
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            executor.run([step])
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run)
+    started = time.time()
+    thread.start()
+    deadline = time.time() + 30
+    while not backend._processes and time.time() < deadline:
+        time.sleep(0.02)
+    (output,) = list(backend._processes)
+    while "sleeping" not in _read(Path(output) / ".executor_log") and time.time() < deadline:
+        time.sleep(0.02)
+    backend.cancel(output)
+    thread.join(30)
+    assert not thread.is_alive() and time.time() - started < 25
+    (error,) = errors
+    assert isinstance(error, ExecutorRunError) and "stopped" in error.failures[0].error
+    assert read_status(executor.store, output)[-1].status == Status.FAILED
+    assert not (Path(output) / "woke").exists()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_heavy_step_that_cannot_be_pickled_is_refused_with_the_reason(tmp_path):
+    lock = threading.Lock()
+    step = ExecutorStep(
+        name="locked",
+        fn=lambda config: lock.acquire(),
+        config=IntervalConfig(output_path=this_output_path()),
+        resources={"cpu": 1},
+    )
+    with pytest.raises(ExecutorRunError) as caught:
+        Executor(str(tmp_path), console=False).run([step])
+    message = caught.value.failures[0].error
+    assert (
+        "step 'locked'" in message and "cannot be sent to a subprocess" in message and "resources" in message
+    )
+
+
+# -- choosing the backend ------------------------------------------------------------------------
+
+
+def test_the_backend_comes_from_the_argument_then_the_environment(monkeypatch):
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert backend_name(None) == "local"
+    assert backend_name("ray") == "ray"
+    monkeypatch.setenv(BACKEND_ENV, "ray")
+    assert backend_name(None) == "ray"
+    assert backend_name("local") == "local"
+    monkeypatch.setenv(BACKEND_ENV, "slurm")
+    with pytest.raises(ValueError, match=r"\$MARIN_BACKEND='slurm': unknown backend; use one of local, ray"):
+        backend_name(None)
+    with pytest.raises(ValueError, match=r"^backend='k8s': unknown backend"):
+        Executor("/tmp/x", backend="k8s")
+    assert type(Executor("/tmp/x").backend) is str and Executor("/tmp/x").backend == "local"  # no env
+
+
+def test_opening_the_ray_backend_imports_no_ray():
+    code = (
+        "import sys; from executor.backends import open_backend; b = open_backend('ray', '127.0.0.1:1');"
+        "print(type(b).__name__, 'ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.split() == ["RayBackend", "False"]
+    assert type(open_backend("local")).__name__ == "LocalBackend"
+
+
+def test_a_dry_run_with_the_ray_backend_imports_no_ray(tmp_path):
+    script = tmp_path / "exp.py"
+    script.write_text(
+        "import sys\n"
+        "from executor import ExecutorStep, ResourceConfig, executor_main, this_output_path, versioned\n"
+        "from tests.executor.steps_for_heavy import IntervalConfig, record_interval\n"
+        "step = ExecutorStep(name='t', fn=record_interval, resources=ResourceConfig.with_tpu('v4-8'),\n"
+        "    config=IntervalConfig(output_path=this_output_path(), index=versioned(1)))\n"
+        "if __name__ == '__main__':\n"
+        "    executor_main([step])\n"
+        "    print('RAY LOADED' if 'ray' in sys.modules else 'NO RAY')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--prefix",
+            str(tmp_path / "out"),
+            "--dry_run",
+            "true",
+            "--backend",
+            "ray",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "NO RAY" in out.stdout and "run     t" in out.stdout
+
+
+def test_backend_flags_are_read():
+    config = parse_flags(["--backend", "ray", "--ray_address", "127.0.0.1:6379"])
+    assert (config.backend, config.ray_address) == ("ray", "127.0.0.1:6379")
+    config = parse_flags(["--backend=local", "--ray_address=ray://head.example:10001"])
+    assert (config.backend, config.ray_address) == ("local", "ray://head.example:10001")
+    assert parse_flags([]).backend is None
+
+
+def test_an_unknown_backend_flag_is_a_usage_error(tmp_path):
+    code = (
+        "import sys; sys.argv = ['x', '--prefix', sys.argv[1], '--backend', 'slurm'];"
+        "from executor import executor_main; executor_main([])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: --backend='slurm': unknown backend; use one of local, ray"
+
+
+def test_marin_backend_is_read_by_executor_main(tmp_path):
+    code = (
+        "import sys; sys.argv = ['x', '--prefix', sys.argv[1], '--dry_run', 'true'];"
+        "from executor import executor_main; print(executor_main([]).backend)"
+    )
+    env = {**os.environ, BACKEND_ENV: "ray"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "ray"
+    env[BACKEND_ENV] = "slurm"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO, env=env
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: $MARIN_BACKEND='slurm': unknown backend; use one of local, ray"
