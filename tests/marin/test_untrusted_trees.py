@@ -168,7 +168,9 @@ def test_a_module_outside_the_project_is_neither_imported_nor_called(capsys, tre
     )
     assert not imported.exists() and not called.exists()
     # Already imported by someone else: its function is still refused, by where it is defined.
-    monkeypatch.setitem(sys.modules, "evil_steps", __import__("evil_steps"))
+    monkeypatch.setitem(sys.modules, "evil_steps", None)  # so that teardown removes it again
+    del sys.modules["evil_steps"]
+    __import__("evil_steps")  # (a later run in this process must find it unimported)
     os.remove(imported)
     reproduce_refused(capsys, tree, tmp_path, "evil_steps:run is defined in", "evil_steps.py, outside")
     assert not called.exists()
