@@ -34,7 +34,7 @@ def step_dirs(prefix):
 
 
 def test_the_flag_set_is_frozen():
-    # Marin's flags, then the lease timing (issue 9: slow storage, fast tests); adding one is
+    # Marin's flags, the lease timing (issue 9: slow storage, fast tests), the backend (issue 10); adding one is
     # a deliberate change to every experiment's command line.
     names = [field.name for field in dataclasses.fields(ExecutorMainConfig)]
     assert names == [
@@ -47,6 +47,8 @@ def test_the_flag_set_is_frozen():
         "lease_timeout",
         "lease_heartbeat",
         "lease_poll",
+        "backend",
+        "ray_address",
     ]
 
 
