@@ -248,6 +248,34 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "_decoding_message",
         'reason = reason.split(": ", 1)[-1] if reason.startswith(("int:", "float:", "bool:", "STR:")) else reason',
     ): "no flag's value fails to decode as a str (draccus makes any YAML value a string), so no reason starts with 'str:'",
+    (
+        "_describe_os_error",
+        'where = f" on {error.filename}" if getattr(error, "filename", ) else ""',
+    ): "every OSError has a `filename` attribute (None when unset)",
+    (
+        "parse_flags",
+        "config = None",
+    ): "only the fast path is skipped: draccus parses every flag list _parse_plain accepts to the same config",
+    (
+        "_decoding_message",
+        'flag = "XX.XX".join(str(part) for part in error.key_path)',
+    ): "ExecutorMainConfig is flat: a key path has one part, so the separator is never used",
+    (
+        "_decoding_message",
+        'reason = reason.split(None, 1)[-1] if reason.startswith(("int:", "float:", "bool:", "str:")) else reason',
+    ): "draccus writes '<type>: <reason>': splitting at the first whitespace or at ': ' gives the same reason",
+    (
+        "_decoding_message",
+        'reason = reason.split(": ", 1)[+1] if reason.startswith(("int:", "float:", "bool:", "str:")) else reason',
+    ): "draccus writes '<type>: <reason>': the split has exactly two parts, so [1] is [-1]",
+    (
+        "_decoding_message",
+        'reason = reason.split(": ", 1)[-1] if reason.startswith(("int:", "float:", "XXbool:XX", "str:")) else reason',
+    ): "no bool flag is Optional (a union), so draccus never prefixes a reason with 'bool:'",
+    (
+        "_decoding_message",
+        'reason = reason.split(": ", 1)[-1] if reason.startswith(("int:", "float:", "BOOL:", "str:")) else reason',
+    ): "no bool flag is Optional (a union), so draccus never prefixes a reason with 'bool:'",
     # (function or Class.method, the mutated line, stripped) -> why no test can tell the mutant from the original
     ("map_markers", "if all(new is old for new, old in zip(items, obj, strict=None)):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"

@@ -580,3 +580,23 @@ def test_a_config_value_of_the_wrong_kind_for_a_list_flag_expects_nothing_named(
     assert str(caught.value) == (
         "--run_only: list[str]: The given value='5' is not of a valid input for a list type"
     )
+
+
+def test_a_decoding_error_without_a_message_says_invalid_value():
+    import draccus
+
+    for message in ("", "  \n "):
+        error = draccus.utils.DecodingError(("dry_run",), message)
+        assert main._decoding_message(error) == "--dry_run: invalid value (expected true or false)"
+
+
+def test_a_config_error_without_a_message_still_names_its_type(monkeypatch):
+    import draccus
+
+    def parse(**kwargs):
+        raise RuntimeError()
+
+    monkeypatch.setattr(draccus, "parse", parse)
+    with pytest.raises(main.UsageError) as caught:
+        main.parse_flags(["--config_path", "flags.yaml"])
+    assert str(caught.value) == "cannot read the flags: RuntimeError: "
