@@ -239,6 +239,34 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "_read_tail",
         "return data, limit is None or info.st_size < limit",
     ): "a tail of exactly the file's size is then cut at its first newline or read again whole: the same last line",
+    (
+        "StatusEvent.from_json",
+        "fast = None",
+    ): "only the fast path for the runner's SUCCESS lines is skipped: json.loads reads them to the same event",
+    (
+        "StatusEvent.from_json",
+        "for key, value in zip(_STRING_FIELDS, strings, strict=False):",
+    ): "both tuples always have 5 items, so `strict` never fires",
+    (
+        "utc_now_iso",
+        "if cached[1] != second:  # strftime once per second, not once per status line",
+    ): "only the per-second cache is disabled (a str never equals an int): the text is recomputed, the same",
+    (
+        "read_last_status",
+        "local = None",
+    ): "only the one-read fast path for local files is skipped: _read_tail reads the same last line",
+    ("read_last_status", 'newline = data.find(b"\\n", None, len(data.rstrip()))'): "a start of None is 0",
+    (
+        "read_last_status",
+        'newline = data.find(b"\\n", 1, len(data.rstrip()))',
+    ): "a newline at 0 is then missed and the tail read again, longer: the same last line, one read more",
+    (
+        "_read_tail",
+        "raise IsADirectoryError(None)",
+    ): "the IsADirectoryError is caught below and replaced by a StatusFileError naming the path",
+    ("_read_tail", "while chunk := os.pread(fd, 2 << 20, start):"): "only the read chunk size changes",
+    ("_read_tail", "while chunk := os.pread(fd, 1 << 21, start):"): "only the read chunk size changes",
+    ("_plain", "return encode(value, strict=None)"): "strict=None is falsy like False",
     # executor/main.py
     (
         "_decoding_message",

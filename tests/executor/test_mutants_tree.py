@@ -84,6 +84,14 @@ def test_a_status_line_without_a_date_reads_as_an_empty_date():
         ),
         ('{"date": 5}', "unknown status None (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)"),
         ('{"status": 1}', "unknown status 1 (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)"),
+        (
+            '{"status": ["SUCCESS"]}',
+            "unknown status ['SUCCESS'] (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)",
+        ),
+        (
+            '{"status": {"a": 1}}',
+            "unknown status {'a': 1} (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)",
+        ),
         (event_line(date=5), "field 'date' is a int, not a string"),
         (event_line(message=["x"]), "field 'message' is a list, not a string"),
         (event_line(worker=1.5), "field 'worker' is a float, not a string"),
@@ -159,6 +167,7 @@ def test_utc_now_iso_is_iso_8601_with_milliseconds():
     assert utc_now_iso(1.0) == "1970-01-01T00:00:01.000Z"  # the next second, not the last one's text
     assert utc_now_iso(0.5) == "1970-01-01T00:00:00.500Z"
     assert utc_now_iso(59.5) == "1970-01-01T00:00:59.500Z"
+    assert utc_now_iso(-0.5) == "1969-12-31T23:59:59.500Z"  # whole seconds round down, not toward 0
     assert utc_now_iso(86400 * 365 + 3661.25) == "1971-01-01T01:01:01.250Z"
     now = utc_now_iso()
     assert len(now) == len("1970-01-01T00:00:00.000Z") and now.endswith("Z") and now > "2020"
@@ -301,6 +310,24 @@ def test_a_status_file_of_exactly_the_tail_size_is_read(place, monkeypatch):
     assert read_last_status(store, output).status == Status.SUCCESS
 
 
+def test_a_bad_line_in_a_stored_history_names_the_file(place):
+    store, output = place
+    write_status(store, output, (event_line("RUNNING") + "\nnonsense\n").encode())
+    with pytest.raises(StatusFileError) as caught:
+        read_status(store, output)
+    assert caught.value.path == tree.status_path(output)
+    assert caught.value.why.startswith("line 2: unknown status 'nonsense'")
+
+
+def test_a_history_larger_than_one_read_chunk_is_read_whole(place):
+    """Local files are read in 1 MiB chunks: the chunks must join without a seam."""
+    store, output = place
+    lines = [event_line("RUNNING", message=f"{i:06d}" + "m" * 1000) for i in range(1200)]
+    write_status(store, output, ("\n".join(lines) + "\n").encode())
+    events = read_status(store, output)
+    assert [event.message for event in events] == [f"{i:06d}" + "m" * 1000 for i in range(1200)]
+
+
 def test_a_status_file_that_is_not_utf8_is_refused_naming_the_byte(place):
     store, output = place
     write_status(store, output, b'{"status": "SUCCESS"}\n\xff\xfe')
@@ -320,6 +347,7 @@ def test_a_directory_in_place_of_the_status_file_is_refused(tmp_path):
         with pytest.raises(StatusFileError) as caught:
             read(LocalStore(), str(output))
         assert caught.value.why == "it is a directory, not a file"
+        assert caught.value.path == tree.status_path(str(output))
 
 
 def test_a_file_in_place_of_the_output_directory_reads_as_no_status(tmp_path):
