@@ -205,6 +205,18 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "check_step_name",
         "if type(None) is str and _is_valid_name(name):",
     ): "only a fast path changes: _name_problem re-checks every name it refuses, with the same verdict",
+    (
+        "_check_resources",
+        'if type(resources) is ResourceConfig and (type(resources) is dict and "__type__" not in resources):',
+    ): "only the early return is skipped: ResourceConfig.from_value returns a ResourceConfig or a plain dict as it is",
+    (
+        "_check_resources",
+        'if type(None) is ResourceConfig or (type(resources) is dict and "__type__" not in resources):',
+    ): "only the early return is skipped: ResourceConfig.from_value returns a ResourceConfig or a plain dict as it is",
+    (
+        "_check_resources",
+        'if type(resources) is ResourceConfig or (type(None) is dict and "__type__" not in resources):',
+    ): "only the early return is skipped: ResourceConfig.from_value returns a ResourceConfig or a plain dict as it is",
     # executor/tree.py
     (
         "StatusEvent.from_json",
