@@ -70,3 +70,22 @@ def sleep_then_write(config: SleepConfig) -> None:
 def boom(config: IntervalConfig) -> None:
     print("about to fail")
     raise ValueError(f"boom {config.index}")
+
+
+@dataclass(frozen=True)
+class CountConfig:
+    output_path: str
+    counter: str
+    """A file outside the tree: one line is appended each time the body runs."""
+
+    seconds: float = 3.0
+
+
+def count_and_sleep(config: CountConfig) -> None:
+    with open(config.counter, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    print("sleeping", flush=True)
+    time.sleep(config.seconds)
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "done"), "w") as handle:
+        handle.write("ok")
