@@ -30,7 +30,7 @@ from executor.provenance import (
     experiment_info_path,
     write_experiment_info,
 )
-from executor.runner import ExecutorRunError, Outcome, Runner
+from executor.runner import DEFAULT_MAX_RETRIES, ExecutorRunError, Outcome, Runner
 from executor.steps import ExecutorStep
 from executor.store import normalize_prefix, open_store
 
@@ -51,10 +51,15 @@ class Executor:
         console: bool = True,
         backend: str | Backend | None = None,
         ray_address: str | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
     ):
         """`backend`: where steps with `resources` run -- "local" (the default: a subprocess
         each), "ray" (Ray tasks; `ray_address`, else $RAY_ADDRESS, else a local Ray), or a
-        `Backend`. (`executor_main` also reads $MARIN_BACKEND.) See `executor.backends`."""
+        `Backend`. (`executor_main` also reads $MARIN_BACKEND.) See `executor.backends`.
+        `max_retries`: how often a heavy step whose process or node was lost is submitted again."""
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be at least 0, got {max_retries}")
+        self.max_retries = max_retries
         if not prefix:
             raise ValueError("Executor: prefix is empty; pass --prefix or set MARIN_PREFIX")
         self.prefix = normalize_prefix(prefix)
@@ -154,7 +159,13 @@ class Executor:
             listeners = [self._emit]
             backend = self._open_backend()
             runner = Runner(
-                plan, self.store, leases, self._dispatch(listeners, plan), max_concurrent, backend
+                plan,
+                self.store,
+                leases,
+                self._dispatch(listeners, plan),
+                max_concurrent,
+                backend,
+                self.max_retries,
             )
             runner_ref.append(runner)
             # Provenance (git, packages) is gathered only when a manifest is written: a fully

@@ -250,6 +250,35 @@ class LeaseManager:
                 return False
             return True
 
+    def hand_over(self, output_path: str) -> bytes | None:
+        """Stop heartbeating our lease on `output_path` and return its exact bytes, for the
+        process that will run the step to take over (`executor.backends.host`). None if we
+        do not hold it (any more)."""
+        with self._swap_lock(output_path), self._lock:
+            self._written.pop(output_path, None)
+            return self._held.pop(output_path, None)
+
+    def reclaim(self, output_path: str) -> bool:
+        """Take the lease back from a step host of ours that is gone (its process or node was
+        lost), or take it if there is none. False if another driver holds it."""
+        path = lease_path(output_path)
+        current = self.store.read_bytes(path)
+        record = LeaseRecord.parse(current)
+        if record is not None and not (
+            record.worker == self.worker_id or record.worker.startswith(self.worker_id + "/")
+        ):
+            return False
+        now = time.time()
+        mine = self._record(now, acquired=now)
+        if not self.store.compare_and_swap(path, current, mine):
+            return False
+        with self._lock:
+            self._held[output_path] = mine
+            self._written[output_path] = now
+            self._lost.discard(output_path)
+        self._ensure_thread()
+        return True
+
     def holds(self, output_path: str) -> bool:
         with self._lock:
             return output_path in self._held

@@ -118,6 +118,15 @@ class _LazyLog:
             self.handle.flush()
 
 
+def console_write(text: str) -> None:
+    """Write to the console only: the stdout the tee wraps (never into a step's log)."""
+    stream = _originals[0] if _installed and _originals else sys.stdout
+    if isinstance(stream, _TeeStream):  # (someone wrapped our tee: use what it wraps)
+        stream = stream._original
+    stream.write(text)
+    stream.flush()
+
+
 @contextlib.contextmanager
 def streams_wrapped() -> Iterator[None]:
     """Keep the tee and the logging handler installed for a whole run.

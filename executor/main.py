@@ -98,6 +98,11 @@ class ExecutorMainConfig:
     """The Ray cluster for --backend ray (e.g. 10.0.0.2:6379, or auto). Default: $RAY_ADDRESS,
     else a local Ray started for this run."""
 
+    max_retries: Optional[int] = None
+    """How often a heavy step whose process or node was lost (killed, preempted) is submitted
+    again; each attempt shows in its status history. Default 2. A step that raises is not
+    retried."""
+
 
 _LEASE_FLAGS = {
     "timeout": "lease_timeout",
@@ -138,6 +143,7 @@ def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):
             lease_config=lease_config,
             backend=backend,
             ray_address=config.ray_address,
+            **({} if config.max_retries is None else {"max_retries": config.max_retries}),
         )
     except ValueError as error:  # an empty prefix
         _exit(str(error), EXIT_USAGE)
@@ -220,6 +226,8 @@ def parse_flags(argv: list[str]) -> ExecutorMainConfig:
         raise UsageError(f"--{error}") from None
     if config.max_concurrent is not None and config.max_concurrent < 1:
         raise UsageError(f"--max_concurrent must be at least 1, got {config.max_concurrent}")
+    if config.max_retries is not None and config.max_retries < 0:
+        raise UsageError(f"--max_retries must be at least 0, got {config.max_retries}")
     return config
 
 
@@ -293,6 +301,7 @@ _PLAIN_PARSERS = {
     "lease_heartbeat": _plain_float,
     "lease_poll": _plain_float,
     "backend": _plain_word,
+    "max_retries": _plain_int,
     "ray_address": _plain_address,
 }
 """Flag -> reader of the values YAML (hence draccus) reads the same way; None for any other value."""

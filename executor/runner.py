@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.backends import Backend, StepFunctionError, UnsatisfiableError
+from executor.backends import Backend, StepCancelled, StepFunctionError, UnsatisfiableError
 from executor.events import (
     RunFinished,
     StepFailed,
@@ -80,6 +80,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONCURRENT = 32
 """Driver threads when `max_concurrent` is None. Steps that need more parallelism than
 this are heavy and belong on a remote backend anyway."""
+
+
+DEFAULT_MAX_RETRIES = 2
+"""Re-submissions of a heavy step whose process or node was lost (not of one that failed)."""
 
 
 class Outcome(enum.StrEnum):
@@ -133,6 +137,7 @@ class Runner:
         emit: Callable[[Any], None],
         max_concurrent: int | None = None,
         backend: Backend | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
     ):
         """`run_record`, set before `run()`, is recorded in every `.executor_info` written.
 
@@ -145,6 +150,9 @@ class Runner:
         self.emit = emit
         self.max_concurrent = max_concurrent or DEFAULT_MAX_CONCURRENT
         self.backend = backend or Backend()
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be at least 0, got {max_retries}")
+        self.max_retries = max_retries
         self._messages: queue.SimpleQueue = queue.SimpleQueue()
         # Worker threads are kept and reused: starting a thread per step made the main
         # thread wait for each new thread to be scheduled (Thread.start), ~0.5 ms a step on
@@ -291,11 +299,21 @@ class Runner:
             except Exception:
                 logger.exception("could not stop %s", path)
         for path in running:
-            if self.leases.holds(path):
+            if self.leases.holds(path) or self._reclaim_unfinished(path):
                 try:
                     append_status(self.store, path, Status.FAILED, "interrupted", self.leases.worker_id)
                 finally:
                     self.leases.release(path)
+
+    def _reclaim_unfinished(self, path: str) -> bool:
+        """Take the lease back from a heavy step's killed process, unless it finished first."""
+        try:
+            last = read_last_status(self.store, path)
+        except (OSError, ValueError):
+            return False
+        if last is not None and last.status in (Status.SUCCESS, Status.FAILED):
+            return False
+        return self.leases.reclaim(path)
 
     def _dispatch(self, row: PlannedStep) -> None:
         """Hand `row` to an idle worker thread, or start one (at most one per running step)."""
@@ -391,6 +409,8 @@ class Runner:
         except (UnsatisfiableError, StepFunctionError) as refused:
             error = refused
         write_info(self.store, step_info_record(step, self.plan.graph, self.run_record, dispatch))
+        if error is None and dispatch.get("hosted"):
+            return self._run_hosted(row, dispatch)
         append_status(self.store, path, Status.RUNNING, None, worker)
         with capture_step_log(self.store, path) as log:
             self.emit(StepStarted(row.name, path, log_path=log))
@@ -437,3 +457,74 @@ class Runner:
             self.leases.release(path)
         self.emit(StepSucceeded(row.name, path, duration=duration))
         return Outcome.SUCCEEDED, ""
+
+    def _run_hosted(self, row: PlannedStep, dispatch: dict[str, Any]) -> tuple[Outcome, str]:
+        """A heavy step in its own process, which takes the lease over and records the result
+        itself (`executor.backends.host`), so it finishes even if this driver dies. A process
+        or node lost without a result is re-submitted up to `max_retries` times."""
+        from executor.backends.host import HostedStep
+
+        step, path, worker = row.step, row.output_path, self.leases.worker_id
+        start = time.time()
+        attempt = 1
+        while True:
+            message = None if attempt == 1 else f"attempt {attempt} of {self.max_retries + 1}"
+            append_status(self.store, path, Status.RUNNING, message, worker)
+            handed = self.leases.hand_over(path)
+            if handed is None:
+                error = "lease lost to another driver before the step started"
+                self.emit(
+                    StepFailed(row.name, path, kind=Outcome.LOST.value, error=error, log_path=log_path(path))
+                )
+                return Outcome.LOST, error
+            spec = HostedStep(
+                name=row.name,
+                prefix=self.plan.graph.prefix,
+                output_path=path,
+                lease_bytes=handed,
+                driver_worker=worker,
+                heartbeat_interval=self.leases.config.heartbeat_interval,
+                version_hash=step.version_hash,
+                config_digest=step.config_digest,
+            )
+            with capture_step_log(self.store, path) as log:
+                if attempt == 1:
+                    self.emit(StepStarted(row.name, path, log_path=log))
+                try:
+                    result = self.backend.call_hosted(step, dispatch, spec)
+                except StepCancelled as stopped:
+                    result = {"outcome": "cancelled", "error": str(stopped)}
+                except StepFunctionError as lost:
+                    result = {"outcome": "process_lost", "error": str(lost)}
+                    print(f"attempt {attempt}: {lost}")
+            outcome, error = result["outcome"], result.get("error") or ""
+            if outcome == "succeeded":
+                self.emit(StepSucceeded(row.name, path, duration=time.time() - start))
+                return Outcome.SUCCEEDED, ""
+            if outcome == "failed":
+                self.emit(StepFailed(row.name, path, kind="error", error=error, log_path=log))
+                return Outcome.FAILED, error
+            if outcome in ("lost", "not_started"):
+                self.emit(StepFailed(row.name, path, kind=Outcome.LOST.value, error=error, log_path=log))
+                return Outcome.LOST, error
+            if self._stop.is_set():  # interrupted: the main thread records it (`_interrupt`)
+                return Outcome.INTERRUPTED, "interrupted"
+            # The process died without a result: it may still have recorded one.
+            last = read_last_status(self.store, path)
+            if last is not None and last.status == Status.SUCCESS:
+                self.emit(StepSucceeded(row.name, path, duration=time.time() - start))
+                return Outcome.SUCCEEDED, ""
+            if not self.leases.reclaim(path):
+                error = f"{error}; and another driver holds the lease now"
+                self.emit(StepFailed(row.name, path, kind=Outcome.LOST.value, error=error, log_path=log))
+                return Outcome.LOST, error
+            if outcome == "cancelled" or attempt > self.max_retries:
+                why = error if outcome == "cancelled" else f"{error} (after {attempt} attempts)"
+                try:
+                    append_status(self.store, path, Status.FAILED, why, worker)
+                finally:
+                    self.leases.release(path)
+                self.emit(StepFailed(row.name, path, kind="error", error=why, log_path=log))
+                return Outcome.FAILED, why
+            logger.warning("step %s: %s; submitting it again (attempt %d)", row.name, error, attempt + 1)
+            attempt += 1

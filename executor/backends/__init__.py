@@ -10,8 +10,12 @@ path, and a new one (a cluster scheduler) is this small interface:
 - `prepare(step)`: decide where it runs (which device alternative, which Ray options) and
   return a JSON-ready record of that choice, written into `.executor_info` as `dispatch`;
   raise `UnsatisfiableError` if nothing can ever run it;
-- `call(step, dispatch)`: run `fn(config)` there and return when it returned; raise
-  `StepFunctionError` (or the function's own exception, in the driver) when it failed;
+- `call(step, dispatch)`: run a light step's `fn(config)` in the calling driver thread;
+- `call_hosted(step, dispatch, spec)`: run a heavy step in a process of its own that takes
+  the step's lease over from the driver, heartbeats it from a separate process, and records
+  the result itself (`executor.backends.host`), so the step finishes even if the driver
+  dies; raise `StepFunctionError` when that process or its node is lost without a result
+  (the runner then re-submits it, up to `max_retries` times);
 - `cancel(output_path)`: stop a step still running there (its lease was lost, or the run was
   interrupted), so it cannot write into its output any more;
 - `close()`.
@@ -50,6 +54,10 @@ class StepFunctionError(RuntimeError):
     """The step function failed where the backend ran it (another process or node)."""
 
 
+class StepCancelled(StepFunctionError):
+    """The step's process was stopped on purpose (`Backend.cancel`): not re-submitted."""
+
+
 class Backend:
     """The interface (see the module docstring). Light steps run in the calling thread."""
 
@@ -63,6 +71,12 @@ class Backend:
 
     def call(self, step: ResolvedStep, dispatch: dict[str, Any]) -> None:
         step.step.fn(step.config)
+
+    def call_hosted(self, step: ResolvedStep, dispatch: dict[str, Any], spec: Any) -> dict[str, Any]:
+        """Run a heavy step in a process of its own that takes its lease over and records its
+        result (`executor.backends.host.run_hosted`); return that process's result. Raise
+        `StepFunctionError` when the process (or its node) was lost without one."""
+        raise NotImplementedError(f"the {self.name} backend runs no heavy steps")
 
     def cancel(self, output_path: str) -> None:
         """Nothing to stop in the driver: a driver thread cannot be killed (see the runner)."""

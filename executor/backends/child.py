@@ -1,59 +1,52 @@
-"""Runs one step function in a process of its own (the local backend's heavy steps).
+"""Runs one heavy step in a process of its own (the local backend).
 
     python -m executor.backends.child PAYLOAD RESULT
 
-PAYLOAD is a file the driver wrote: the driver's `sys.path` and the step's `(fn, config)`,
-pickled with cloudpickle (so functions defined in an experiment script travel by value).
-The process inherits its stdout and stderr from the driver, which copies both into the
-step's log. On success it exits 0; when the function raises, it prints the traceback and
-writes `{"error": "<Type>: <message>"}` to RESULT for the driver's one-line failure message,
-then exits 1. On Linux it dies with the driver (parent-death signal): the driver holds the
-step's lease, and a step must not run on once nobody can take its lease over cleanly.
+PAYLOAD is a file the driver wrote for this process (and that this process deletes once
+read): the driver's `sys.path`, the step's `(fn, config)` pickled with cloudpickle (so
+functions defined in an experiment script travel by value), the `HostedStep` and whether
+stdout and stderr are already the step's log file (local disk; otherwise the output is
+captured and uploaded into the log when the step ends). The step runs through
+`executor.backends.host.run_hosted`: this process takes the lease over, heartbeats it from a
+separate process, and records SUCCESS or FAILED itself, so it finishes the step even if the
+driver is gone (it runs in a session of its own and does not die with the driver). Its result,
+`{"outcome", "error"}`, goes to RESULT for the driver.
 
-The payload is written by this driver for this process and read once; it is never a file
-from an output tree.
+The payload is never a file from an output tree.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pickle
 import sys
-import traceback
-
-
-def _die_with_parent() -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # no libc by that name: the process then outlives a killed driver
-        pass
 
 
 def main(payload_path: str, result_path: str) -> int:
-    _die_with_parent()
     with open(payload_path, "rb") as handle:
-        sys_path, blob = pickle.load(handle)
+        sys_path, blob, spec, log_is_stdout = pickle.load(handle)
+    with contextlib.suppress(OSError):
+        os.unlink(payload_path)
     for entry in reversed(sys_path):  # the driver's import path, so its modules resolve here too
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    from executor.backends.host import run_hosted
+
     fn, config = pickle.loads(blob)
-    try:
-        fn(config)
-    except BaseException as error:  # a step's SystemExit or KeyboardInterrupt is a failure too
-        traceback.print_exc()
-        with open(result_path, "w", encoding="utf-8") as handle:
-            json.dump({"error": f"{type(error).__name__}: {error}"}, handle)
-        return 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+    if log_is_stdout:
+        result = run_hosted(spec, fn, config)
+    else:
+        from executor.logs import capture_step_log
+        from executor.store import open_store
+
+        with capture_step_log(open_store(spec.prefix), spec.output_path):
+            result = run_hosted(spec, fn, config)
+    temp = f"{result_path}.tmp"
+    with open(temp, "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+    os.replace(temp, result_path)
     return 0
 
 

@@ -18,14 +18,16 @@ import contextlib
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from executor.backends import Backend, StepFunctionError, is_heavy
+from executor.backends import Backend, StepCancelled, StepFunctionError, is_heavy
 
 if TYPE_CHECKING:
     from executor.graph import ResolvedStep
@@ -104,54 +106,68 @@ class LocalBackend(Backend):
         return {
             "backend": self.name,
             "where": "subprocess",
+            "hosted": True,
             "cpu": "all" if wanted.whole_machine else wanted.cpu,
             "gpu": "all" if wanted.whole_machine else wanted.gpu,
         }
 
-    def call(self, step: ResolvedStep, dispatch: dict[str, Any]) -> None:
-        if dispatch.get("where") != "subprocess":
-            return super().call(step, dispatch)
+    def call_hosted(self, step: ResolvedStep, dispatch: dict[str, Any], spec: Any) -> dict[str, Any]:
+        from executor.store import open_store
+        from executor.tree import log_path
+
         path = step.output_path
+        local_log = open_store(spec.prefix).local_path(log_path(path))
         payload_fd, payload_path = tempfile.mkstemp(prefix="marin-step-", suffix=".pkl")
         result_fd, result_path = tempfile.mkstemp(prefix="marin-step-", suffix=".json")
         os.close(result_fd)
         try:
             with os.fdopen(payload_fd, "wb") as handle:
-                handle.write(_payload(step))
+                handle.write(_payload(step, spec, local_log is not None))
+        except BaseException:
+            os.unlink(payload_path)
+            os.unlink(result_path)
+            raise
+        output = _open_log(local_log)
+        try:
+            # Its own session: a Ctrl-C meant for the driver does not reach it (the driver
+            # stops it itself), and it outlives the driver, finishing and recording the step.
             process = subprocess.Popen(
                 [sys.executable, "-m", "executor.backends.child", payload_path, result_path],
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stdout=output,
+                stderr=output,
                 env=_child_env(),
+                start_new_session=True,
             )
-            with self._lock:
-                self._processes[path] = process
-                cancelled = path in self._cancelled
-            if cancelled:
-                process.kill()
-            _copy_output(process)
+        finally:
+            if output is not subprocess.DEVNULL:
+                output.close()
+        with self._lock:
+            self._processes[path] = process
+            cancelled = path in self._cancelled
+        if cancelled:
+            _kill(process)
+        try:
+            _echo_while_running(process, local_log)
             code = process.wait()
         finally:
             with self._lock:
                 self._processes.pop(path, None)
                 cancelled = path in self._cancelled
                 self._cancelled.discard(path)
-            with contextlib.suppress(OSError):
-                os.unlink(payload_path)
-            error = _read_error(result_path)
+        result = _read_result(result_path)
+        if result is not None:
+            return result
         if cancelled:
-            raise StepFunctionError("stopped: its process was killed (lease lost or run interrupted)")
-        if code != 0:
-            raise StepFunctionError(error or f"the step's process exited with code {code}")
+            raise StepCancelled("stopped: its process was killed (Backend.cancel)")
+        raise StepFunctionError(f"the step's process died without a result (exit code {code})")
 
     def cancel(self, output_path: str) -> None:
         with self._lock:
             self._cancelled.add(output_path)
             process = self._processes.get(output_path)
         if process is not None:
-            with contextlib.suppress(OSError):
-                process.kill()
+            _kill(process)
 
     def close(self) -> None:
         with self._lock:
@@ -160,7 +176,7 @@ class LocalBackend(Backend):
             self.cancel(path)
 
 
-def _payload(step: ResolvedStep) -> bytes:
+def _payload(step: ResolvedStep, spec: Any, log_is_stdout: bool) -> bytes:
     import pickle
 
     import cloudpickle
@@ -173,7 +189,7 @@ def _payload(step: ResolvedStep) -> bytes:
             f"({type(error).__name__}: {error}); make them picklable, or drop `resources` to run "
             "the step in the driver"
         ) from None
-    return pickle.dumps(([entry for entry in sys.path if entry], blob))
+    return pickle.dumps(([entry for entry in sys.path if entry], blob, spec, log_is_stdout))
 
 
 def _child_env() -> dict[str, str]:
@@ -184,27 +200,58 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _copy_output(process: subprocess.Popen) -> None:
-    """The child's output, line by line, into this thread's stdout (the step's log)."""
-    assert process.stdout is not None
-    for raw in iter(process.stdout.readline, b""):
-        sys.stdout.write(raw.decode("utf-8", errors="replace"))
-    process.stdout.close()
+def _open_log(local_log: str | None):
+    """The step's log file, appended to, as the child's stdout and stderr (on local disk)."""
+    if local_log is None:
+        return subprocess.DEVNULL  # the child captures its output and uploads the log itself
+    os.makedirs(os.path.dirname(local_log), exist_ok=True)
+    return open(local_log, "ab")  # noqa: SIM115 (closed once the child has it)
 
 
-def _read_error(result_path: str) -> str | None:
+def _kill(process: subprocess.Popen) -> None:
+    """The step's process and its heartbeat (their own process group)."""
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        process.kill()
+
+
+def _echo_while_running(process: subprocess.Popen, local_log: str | None) -> None:
+    """Copy what the step writes to its log onto the console while it runs."""
+    from executor.logs import console_write
+
+    offset = os.path.getsize(local_log) if local_log and os.path.exists(local_log) else 0
+    while True:
+        finished = process.poll() is not None
+        if local_log is not None:
+            try:
+                with open(local_log, "rb") as handle:
+                    handle.seek(offset)
+                    data = handle.read()
+            except OSError:
+                data = b""
+            if data:
+                offset += len(data)
+                console_write(data.decode("utf-8", errors="replace"))
+        if finished:
+            return
+        time.sleep(0.1)
+
+
+def _read_result(result_path: str) -> dict[str, Any] | None:
+    """The child's `{"outcome", "error"}`; None if it wrote none (killed, crashed)."""
     try:
         with open(result_path, encoding="utf-8") as handle:
-            text = handle.read(1 << 16)
+            text = handle.read(1 << 20)
     except OSError:
         return None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(result_path)
-    if not text:
-        return None
     try:
-        error = json.loads(text).get("error")
-    except (ValueError, AttributeError):
+        result = json.loads(text)
+    except ValueError:
         return None
-    return error if isinstance(error, str) else None
+    if not isinstance(result, dict) or not isinstance(result.get("outcome"), str):
+        return None
+    return result

@@ -17,31 +17,39 @@ Dispatch of one heavy step:
    step and what it asked for -- Ray itself would keep the task pending forever. (An
    autoscaling cluster may add such a node later; set `$MARIN_RAY_WAIT_FOR_NODES=1` to
    submit anyway.) A plain-dict `resources` asks for one CPU.
-2. `call`: a Ray task with those options runs the function. The function and config travel
-   pickled with cloudpickle, with the driver's `sys.path`, so functions from an experiment
-   script resolve on the worker. On the worker, the task's stdout, stderr and logging go to
-   the step's `.executor_log` in the output tree while it runs (the tree must be reachable
-   from the workers: a bucket, or a local path on a one-machine cluster) and to Ray's own
-   worker log. `ray.get` waits; the task's exception becomes the step's failure message.
-3. `cancel`: `ray.cancel(force=True)` kills the worker process.
-
-The lease stays with the driver (see `executor.lease`): if the driver dies, its tasks are
-orphaned and the lease goes stale; the next driver takes the step over.
+2. `call_hosted`: a detached Ray actor with those options (`StepHost`) runs the step
+   through `executor.backends.host`: it takes the lease over from the driver, heartbeats
+   it from a separate process, runs the function and records SUCCESS or FAILED itself. So
+   the step goes on if the driver dies (Ray kills a plain task with its driver; a detached
+   actor outlives it), and a driver started again waits for it. The function and config
+   travel pickled with cloudpickle, with the driver's `sys.path`, so functions from an
+   experiment script resolve on the worker. The step's stdout, stderr and logging go to its
+   `.executor_log` in the output tree (the tree must be reachable from the workers: a
+   bucket, or a local path on a one-machine cluster; on a bucket the log is uploaded when
+   the step ends) and to Ray's worker log. A worker or node lost without a result is
+   re-submitted by the runner (`--max_retries`).
+3. `cancel`: the actor is killed (and its heartbeat with it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from executor.backends import Backend, StepFunctionError, UnsatisfiableError, is_heavy
+from executor.backends import Backend, StepCancelled, StepFunctionError, UnsatisfiableError, is_heavy
 
 if TYPE_CHECKING:
     from executor.graph import ResolvedStep
 
 WAIT_FOR_NODES_ENV = "MARIN_RAY_WAIT_FOR_NODES"
+
+ACTOR_NAMESPACE = "marin-executor"
+
+ACTOR_LINGER_S = 30.0
+"""A finished step host exits this long after returning its result, if no driver killed it."""
 
 
 class RayBackend(Backend):
@@ -49,7 +57,7 @@ class RayBackend(Backend):
 
     def __init__(self, address: str | None = None):
         self.address = address
-        self._refs: dict[str, Any] = {}
+        self._actors: dict[str, Any] = {}
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
         self._connected = False
@@ -75,10 +83,9 @@ class RayBackend(Backend):
         nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
         for description, options in choices:
             if any(_fits(options, capacity) for capacity in nodes):
-                return {"backend": self.name, "where": "ray", "device": description, "ray_options": options}
+                return self._dispatch_record(description, options)
         if os.environ.get(WAIT_FOR_NODES_ENV, "").strip() in ("1", "true", "yes"):
-            description, options = choices[0]
-            return {"backend": self.name, "where": "ray", "device": description, "ray_options": options}
+            return self._dispatch_record(*choices[0])
         asked = "; or ".join(
             f"{description} ({_describe_options(options)})" for description, options in choices
         )
@@ -89,9 +96,20 @@ class RayBackend(Backend):
             f"${WAIT_FOR_NODES_ENV}=1 if an autoscaler will add one"
         )
 
-    def call(self, step: ResolvedStep, dispatch: dict[str, Any]) -> None:
-        if dispatch.get("where") != "ray":
-            return super().call(step, dispatch)
+    def _dispatch_record(self, description: str, options: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "where": "ray",
+            "hosted": True,
+            "device": description,
+            "ray_options": options,
+        }
+
+    def call_hosted(self, step: ResolvedStep, dispatch: dict[str, Any], spec: Any) -> dict[str, Any]:
+        """The step in a detached Ray actor (`StepHost`) that holds the lease and records the
+        result itself: it finishes even if this driver dies (Ray would kill a plain task
+        with its driver). The actor is killed once its result is read, or exits by itself
+        shortly after finishing when nobody is left to read it."""
         ray = self._ray()
         import cloudpickle
 
@@ -103,42 +121,51 @@ class RayBackend(Backend):
                 f"({type(error).__name__}: {error}); make them picklable"
             ) from None
         options = dict(dispatch["ray_options"])
-        task = ray.remote(_run_step_remotely).options(name=f"step:{step.name}", max_retries=0, **options)
+        options.setdefault("num_cpus", 1)
+        actor = (
+            ray.remote(StepHost)
+            .options(
+                name=f"marin-step:{step.name}:{os.urandom(4).hex()}",
+                namespace=ACTOR_NAMESPACE,
+                lifetime="detached",
+                max_restarts=0,
+                **options,
+            )
+            .remote()
+        )
         path = step.output_path
-        ref = task.remote(blob, [entry for entry in sys.path if entry], _prefix_of(step), path)
         with self._lock:
-            self._refs[path] = ref
+            self._actors[path] = actor
             cancelled = path in self._cancelled
         if cancelled:
-            ray.cancel(ref, force=True)
+            ray.kill(actor, no_restart=True)
         try:
-            ray.get(ref)
-        except ray.exceptions.TaskCancelledError:
-            raise StepFunctionError(
-                "stopped: its Ray task was cancelled (lease lost or run interrupted)"
-            ) from None
-        except ray.exceptions.RayTaskError as error:
-            cause = error.cause if getattr(error, "cause", None) is not None else error
-            raise StepFunctionError(f"{type(cause).__name__}: {cause}") from None
-        except ray.exceptions.RayError as error:  # worker or node died
-            raise StepFunctionError(f"the Ray task was lost: {type(error).__name__}: {error}") from None
+            return ray.get(actor.run.remote(blob, [entry for entry in sys.path if entry], spec))
+        except ray.exceptions.RayError as error:
+            with self._lock:
+                cancelled = path in self._cancelled
+            if cancelled:
+                raise StepCancelled("stopped: its Ray actor was killed (Backend.cancel)") from None
+            raise StepFunctionError(f"the Ray worker running it was lost: {type(error).__name__}") from None
         finally:
             with self._lock:
-                self._refs.pop(path, None)
+                self._actors.pop(path, None)
                 self._cancelled.discard(path)
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
 
     def cancel(self, output_path: str) -> None:
         with self._lock:
             self._cancelled.add(output_path)
-            ref = self._refs.get(output_path)
-        if ref is not None:
+            actor = self._actors.get(output_path)
+        if actor is not None:
             import ray
 
-            ray.cancel(ref, force=True)
+            ray.kill(actor, no_restart=True)
 
     def close(self) -> None:
         with self._lock:
-            paths = list(self._refs)
+            paths = list(self._actors)
         for path in paths:
             self.cancel(path)
 
@@ -181,16 +208,26 @@ def _describe_capacity(capacity: dict[str, float]) -> str:
     return "{" + ", ".join(shown) + "}"
 
 
-def _run_step_remotely(blob: bytes, sys_path: list[str], prefix: str, output_path: str) -> None:
-    """On a Ray worker: the step function, with its output captured into the step's log."""
-    for entry in reversed(sys_path):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    import cloudpickle
+class StepHost:
+    """A Ray actor that runs one heavy step (`executor.backends.host.run_hosted`) with its
+    output captured into the step's log in the tree."""
 
-    from executor.logs import capture_step_log
-    from executor.store import open_store
+    def run(self, blob: bytes, sys_path: list[str], spec: Any) -> dict[str, Any]:
+        for entry in reversed(sys_path):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        import cloudpickle
 
-    fn, config = cloudpickle.loads(blob)
-    with capture_step_log(open_store(prefix), output_path):
-        fn(config)
+        from executor.backends.host import run_hosted
+        from executor.logs import capture_step_log
+        from executor.store import open_store
+
+        fn, config = cloudpickle.loads(blob)
+        try:
+            with capture_step_log(open_store(spec.prefix), spec.output_path):
+                return run_hosted(spec, fn, config)
+        finally:
+            # Detached, so it outlives a dead driver; nobody may be left to kill it.
+            timer = threading.Timer(ACTOR_LINGER_S, os._exit, (0,))
+            timer.daemon = True
+            timer.start()

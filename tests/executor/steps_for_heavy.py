@@ -70,3 +70,57 @@ def sleep_then_write(config: SleepConfig) -> None:
 def boom(config: IntervalConfig) -> None:
     print("about to fail")
     raise ValueError(f"boom {config.index}")
+
+
+@dataclass(frozen=True)
+class CountConfig:
+    output_path: str
+    counter: str
+    """A file outside the tree: one line is appended each time the body runs."""
+
+    seconds: float = 3.0
+
+
+def count_and_sleep(config: CountConfig) -> None:
+    with open(config.counter, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    print("sleeping", flush=True)
+    time.sleep(config.seconds)
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "done"), "w") as handle:
+        handle.write("ok")
+
+
+@dataclass(frozen=True)
+class ResumableConfig:
+    output_path: str
+    total: int = 30
+    tick: float = 0.1
+
+
+def resumable_count(config: ResumableConfig) -> None:
+    """A stand-in for training: counts to `total`, checkpointing after every tick, and on a
+    new attempt resumes from the last checkpoint. Each attempt appends "<start> <node>" to
+    attempts.txt (node: the Ray node id, or "-" outside Ray)."""
+    os.makedirs(config.output_path, exist_ok=True)
+    progress = os.path.join(config.output_path, "progress")
+    start = 0
+    if os.path.exists(progress):
+        with open(progress) as handle:
+            start = int(handle.read())
+    try:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "-"
+    except ImportError:
+        node = "-"
+    with open(os.path.join(config.output_path, "attempts.txt"), "a") as handle:
+        handle.write(f"{start} {node}\n")
+    for i in range(start, config.total):
+        time.sleep(config.tick)
+        temp = progress + ".tmp"
+        with open(temp, "w") as handle:
+            handle.write(str(i + 1))
+        os.replace(temp, progress)
+    with open(os.path.join(config.output_path, "done"), "w") as handle:
+        handle.write("ok")

@@ -101,7 +101,13 @@ def test_a_heavy_step_runs_in_its_own_process_and_its_output_lands_in_its_log(tm
     log = (Path(output) / ".executor_log").read_text()
     assert f"step 1 running in process {pid}" in log
     info = read_info(executor.store, output)
-    assert info["dispatch"] == {"backend": "local", "where": "subprocess", "cpu": 1.0, "gpu": 0}
+    assert info["dispatch"] == {
+        "backend": "local",
+        "where": "subprocess",
+        "hosted": True,
+        "cpu": 1.0,
+        "gpu": 0,
+    }
     assert [event.status for event in read_status(executor.store, output)] == [Status.RUNNING, Status.SUCCESS]
 
 
@@ -190,6 +196,8 @@ def test_a_cancelled_heavy_step_is_killed_and_never_marked_successful(tmp_path):
     assert not thread.is_alive() and time.time() - started < 25
     (error,) = errors
     assert isinstance(error, ExecutorRunError) and "stopped" in error.failures[0].error
+    assert [event.status for event in read_status(executor.store, output)] == [Status.RUNNING, Status.FAILED]
+    assert not (Path(output) / ".executor_status.lock").exists()
     assert read_status(executor.store, output)[-1].status == Status.FAILED
     assert not (Path(output) / "woke").exists()
 
@@ -315,3 +323,68 @@ def test_marin_backend_is_read_by_executor_main(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.strip() == "error: $MARIN_BACKEND='slurm': unknown backend; use one of local, ray"
+
+
+def test_a_heavy_step_whose_process_dies_is_submitted_again_and_each_attempt_is_recorded(tmp_path):
+    backend = LocalBackend()
+    step = ExecutorStep(
+        name="fragile",
+        fn=sleep_then_write,
+        config=SleepConfig(output_path=this_output_path(), seconds=versioned(1.0)),
+        resources={"cpu": 1},
+    )
+    executor = Executor(str(tmp_path), console=False, backend=backend)
+    killed: list[int] = []
+
+    def kill_the_first_attempt():
+        deadline = time.time() + 30
+        while time.time() < deadline and not killed:
+            processes = list(backend._processes.values())
+            if processes:
+                os.kill(processes[0].pid, 9)  # as a lost machine would: no result, no status
+                killed.append(processes[0].pid)
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_first_attempt)
+    killer.start()
+    executor.run([step])
+    killer.join()
+    output = executor.output_paths[step]
+    history = read_status(executor.store, output)
+    assert [event.status for event in history] == [Status.RUNNING, Status.RUNNING, Status.SUCCESS]
+    assert history[1].message == "attempt 2 of 3"
+    assert (Path(output) / "woke").read_text() == "late"
+    assert not (Path(output) / ".executor_status.lock").exists()
+
+
+def test_a_heavy_step_that_keeps_dying_fails_after_max_retries(tmp_path):
+    backend = LocalBackend()
+    step = ExecutorStep(
+        name="doomed",
+        fn=sleep_then_write,
+        config=SleepConfig(output_path=this_output_path(), seconds=versioned(30.0)),
+        resources={"cpu": 1},
+    )
+    executor = Executor(str(tmp_path), console=False, backend=backend, max_retries=1)
+    stop = threading.Event()
+
+    def keep_killing():
+        seen = set()
+        while not stop.is_set():
+            for process in list(backend._processes.values()):
+                if process.pid not in seen:
+                    seen.add(process.pid)
+                    os.kill(process.pid, 9)
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=keep_killing)
+    killer.start()
+    try:
+        with pytest.raises(ExecutorRunError) as caught:
+            executor.run([step])
+    finally:
+        stop.set()
+        killer.join()
+    assert "after 2 attempts" in caught.value.failures[0].error
+    history = read_status(executor.store, executor.output_paths[step])
+    assert [event.status for event in history] == [Status.RUNNING, Status.RUNNING, Status.FAILED]

@@ -49,6 +49,7 @@ def test_the_flag_set_is_frozen():
         "lease_poll",
         "backend",
         "ray_address",
+        "max_retries",
     ]
 
 

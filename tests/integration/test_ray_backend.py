@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,3 +160,142 @@ def test_a_cached_rerun_with_the_ray_backend_runs_nothing(cluster, tmp_path):
     Executor(str(tmp_path), console=False, backend=backend).run([on_gpu])
     plan = Executor(str(tmp_path), console=False, backend=backend).run([on_gpu])
     assert [row.action.value for row in plan.rows] == ["skip"]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(condition, timeout=60.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+DRIVER_SCRIPT = """
+import sys
+from executor import ExecutorStep, ResourceConfig, executor_main, this_output_path, versioned
+from tests.executor.steps_for_heavy import CountConfig, count_and_sleep
+
+heavy = ExecutorStep(
+    name="remote-heavy",
+    fn=count_and_sleep,
+    config=CountConfig(output_path=this_output_path(), counter=sys.argv.pop(1), seconds=versioned(5.0)),
+    resources=ResourceConfig.with_gpu("H100"),
+)
+if __name__ == "__main__":
+    executor_main([heavy])
+"""
+
+
+def test_a_remote_step_outlives_its_killed_driver_and_the_next_driver_reattaches(cluster, tmp_path):
+    script, counter, prefix = tmp_path / "exp.py", tmp_path / "counter", tmp_path / "out"
+    script.write_text(DRIVER_SCRIPT)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    }
+    command = [
+        sys.executable, str(script), str(counter), "--prefix", str(prefix), "--backend", "ray",
+        "--ray_address", cluster["cluster"].address,
+        "--lease_heartbeat", "0.5", "--lease_timeout", "5", "--lease_poll", "0.2",
+    ]  # fmt: skip
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: counter.exists() and counter.read_text().strip(), timeout=120)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "held by" in second.stdout  # it found the step running and waited
+    assert len(counter.read_text().split()) == 1  # the body ran exactly once
+    (heavy_dir,) = prefix.glob("remote-heavy-*")
+    history = read_status(executor_store(), str(heavy_dir))
+    assert [event.status for event in history] == [Status.RUNNING, Status.SUCCESS]
+    assert "/step:" in history[-1].worker  # recorded by the step's own process
+
+
+def executor_store():
+    from executor.store import LocalStore
+
+    return LocalStore()
+
+
+def test_a_step_on_a_lost_node_is_resubmitted_and_resumes_from_its_checkpoint(cluster, tmp_path):
+    from tests.executor.steps_for_heavy import ResumableConfig, resumable_count
+
+    nodes = [cluster["cluster"].add_node(num_cpus=1, resources={"trainer": 1}) for _ in range(2)]
+    cluster["cluster"].wait_for_nodes()
+    step = ExecutorStep(
+        name="trainer",
+        fn=resumable_count,
+        config=ResumableConfig(output_path=this_output_path(), total=versioned(40), tick=0.1),
+        resources=ResourceConfig.with_cpu(cpu=1),
+    )
+    backend = RayBackend(cluster["cluster"].address)
+    executor = Executor(str(tmp_path), console=False, backend=backend)
+    original = executor.backend.prepare
+
+    def on_trainer_nodes(resolved):
+        dispatch = original(resolved)
+        dispatch["ray_options"] = {**dispatch["ray_options"], "resources": {"trainer": 1}}
+        return dispatch
+
+    executor.backend.prepare = on_trainer_nodes  # only the two trainer nodes can run it
+    errors: list[BaseException] = []
+    runner = threading.Thread(target=lambda: _run_catching(executor, [step], errors))
+    runner.start()
+    output = tmp_path / next(p.name for p in _wait_listing(tmp_path, "trainer-"))
+    progress = output / "progress"
+    _wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 5, timeout=120)
+    first_node = (output / "attempts.txt").read_text().split()[1]
+    (lost,) = [node for node in nodes if node.node_id == first_node]
+    cluster["cluster"].remove_node(lost)
+    runner.join(180)
+    assert not runner.is_alive() and not errors, errors
+    attempts = [line.split() for line in (output / "attempts.txt").read_text().splitlines()]
+    assert len(attempts) == 2 and attempts[0][0] == "0"
+    assert int(attempts[1][0]) >= 5  # resumed from its checkpoint, not from 0
+    assert attempts[1][1] != first_node
+    history = read_status(executor.store, str(output))
+    assert [event.status for event in history] == [Status.RUNNING, Status.RUNNING, Status.SUCCESS]
+    assert history[1].message == "attempt 2 of 3"
+    assert (output / "done").read_text() == "ok"
+
+
+def _run_catching(executor, steps, errors):
+    try:
+        executor.run(steps)
+    except BaseException as error:
+        errors.append(error)
+
+
+def _wait_listing(directory: Path, prefix: str):
+    _wait_for(lambda: any(p.name.startswith(prefix) for p in directory.iterdir()), timeout=60)
+    return [p for p in directory.iterdir() if p.name.startswith(prefix)]
+
+
+def test_two_heavy_steps_run_at_once_on_different_nodes(cluster, tmp_path):
+    from tests.executor.steps_for_heavy import MeetConfig, meet
+
+    a_dir, b_dir = tmp_path / "a-out", tmp_path / "b-out"
+    steps = [
+        ExecutorStep(
+            name=name,
+            fn=meet,
+            config=MeetConfig(output_path=str(mine), me=versioned(name), other=str(other)),
+            resources=ResourceConfig.with_cpu(cpu=1),
+            override_output_path=str(mine),
+        )
+        for name, mine, other in (("a", a_dir, b_dir), ("b", b_dir, a_dir))
+    ]
+    Executor(str(tmp_path / "prefix"), console=False, backend=RayBackend(cluster["cluster"].address)).run(
+        steps
+    )
+    assert (a_dir / "started").read_text() != (b_dir / "started").read_text()
