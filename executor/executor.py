@@ -158,6 +158,8 @@ class Executor:
                 self.store.check_writable(self.prefix)
             listeners = [self._emit]
             backend = self._open_backend()
+            if will_run:
+                backend.start()
             runner = Runner(
                 plan,
                 self.store,

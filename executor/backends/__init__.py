@@ -5,6 +5,8 @@ status lines, `.executor_info`, the log file -- and asks a backend only to *call
 function* somewhere and say whether it returned. So every backend shares one bookkeeping
 path, and a new one (a cluster scheduler) is this small interface:
 
+- `start()`: before a run that has steps to run (the Ray backend connects here, so that data
+  operations in the driver see `ray.is_initialized()` and send their shards to the cluster);
 - `admit(step, running)`: may the step start now, beside the steps already running? (The
   runner's `max_concurrent` bounds the driver threads on top of this.)
 - `prepare(step)`: decide where it runs (which device alternative, which Ray options) and
@@ -62,6 +64,9 @@ class Backend:
     """The interface (see the module docstring). Light steps run in the calling thread."""
 
     name = "driver"
+
+    def start(self) -> None:
+        """Called once before a run that has steps to run (never for a dry or fully cached run)."""
 
     def admit(self, step: ResolvedStep, running: list[ResolvedStep]) -> bool:
         return True

@@ -3,8 +3,9 @@
     python experiments/my_study.py --backend ray                          # $RAY_ADDRESS, or a local Ray
     python experiments/my_study.py --backend ray --ray_address HOST:6379  # a running cluster
 
-Ray is imported, and the driver connects, only when the first heavy step is dispatched: a
-dry run, a fully cached re-run and a run of light steps never touch it. The address is
+Ray is imported, and the driver connects, when a run has steps to run: a dry run and a fully
+cached re-run never touch it. While connected, data operations running in the driver
+(`operations.shards`, tokenize) send their work to the cluster too. The address is
 `--ray_address`, else `$RAY_ADDRESS`, else Ray starts a local cluster for this process.
 
 Dispatch of one heavy step:
@@ -75,6 +76,9 @@ class RayBackend(Backend):
         return ray
 
     # -- the interface ------------------------------------------------------------
+    def start(self) -> None:
+        self._ray()  # connected for the whole run: data operations in the driver use the cluster
+
     def prepare(self, step: ResolvedStep) -> dict[str, Any]:
         if not is_heavy(step):
             return super().prepare(step)
