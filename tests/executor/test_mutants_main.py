@@ -27,7 +27,14 @@ from executor.steps import StepDefinitionError
 from executor.store import StoreError
 from tests.executor.steps_for_tests import CALLS, WriteConfig, write_value
 
-ENV = ("MARIN_PREFIX", "MARIN_LEASE_TIMEOUT", "MARIN_LEASE_HEARTBEAT", "MARIN_LEASE_POLL")
+ENV = (
+    "MARIN_PREFIX",
+    "MARIN_LEASE_TIMEOUT",
+    "MARIN_LEASE_HEARTBEAT",
+    "MARIN_LEASE_POLL",
+    "MARIN_BACKEND",
+    "RAY_ADDRESS",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -600,3 +607,44 @@ def test_a_config_error_without_a_message_still_names_its_type(monkeypatch):
     with pytest.raises(main.UsageError) as caught:
         main.parse_flags(["--config_path", "flags.yaml"])
     assert str(caught.value) == "cannot read the flags: RuntimeError: "
+
+
+# -- --backend and --ray_address ---------------------------------------------------------------
+
+
+def test_backend_flags_reach_the_executor(monkeypatch, tmp_path):
+    captured = {}
+
+    class Spy(QuietExecutor):
+        def __init__(self, *args, **kwargs):
+            captured.update(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(main, "Executor", Spy)
+    argv = ["x.py", "--prefix", str(tmp_path), "--backend", "ray", "--ray_address", "10.0.0.2:6379"]
+    monkeypatch.setattr(sys, "argv", argv)
+    main.executor_main([])
+    assert captured["backend"] == "ray"
+    assert captured["ray_address"] == "10.0.0.2:6379"
+
+
+def test_backend_of_names_the_flag_and_the_choices():
+    assert main.backend_of(main.ExecutorMainConfig(backend="ray")) == "ray"
+    assert main.backend_of(main.ExecutorMainConfig()) == "local"
+    with pytest.raises(main.UsageError) as caught:
+        main.backend_of(main.ExecutorMainConfig(backend="nope"))
+    assert str(caught.value) == "--backend='nope': unknown backend; use one of local, ray"
+
+
+def test_plain_words_are_letters_yaml_reads_as_strings():
+    assert main._plain_word("ray") == "ray"
+    assert main._plain_word("Local") == "Local"
+    for text in ("yes", "No", "ON", "null", "y", "ray2", "é", "", "a-b"):
+        assert main._plain_word(text) is None, text
+
+
+def test_plain_addresses_are_host_port_or_auto():
+    for text in ("10.0.0.2:6379", "ray://10.0.0.2:10001", "Head.example:6379", "ray://Head-1:1", "auto"):
+        assert main._plain_address(text) == text
+    for text in ("head", "head:", "AUTO", "ray://head", "1:123456", "http://h:1"):
+        assert main._plain_address(text) is None, text
