@@ -226,9 +226,13 @@ class StepHost:
         from executor.logs import capture_step_log
         from executor.store import open_store
 
+        import ray
+
         fn, config = cloudpickle.loads(blob)
         try:
             with capture_step_log(open_store(spec.prefix), spec.output_path):
+                node = ray.get_runtime_context().get_node_id()
+                print(f"[executor] {spec.name}: on Ray node {node}, process {os.getpid()}", flush=True)
                 return run_hosted(spec, fn, config)
         finally:
             # Detached, so it outlives a dead driver; nobody may be left to kill it.
