@@ -11,7 +11,8 @@ to file descriptor 1, goes to the console only.
 The log file is created at the step's first output: a step that prints nothing
 leaves no log file (and costs no file creation). On local disk the log is written in
 place (so it can be tailed live); on object stores it is buffered in a local temporary
-file and uploaded when the step ends, appended to any earlier run's log.
+file and uploaded every `$MARIN_LOG_UPLOAD_INTERVAL` seconds (15) while the step runs and
+once more when it ends, after any earlier run's log.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ def capture_step_log(store: Store, output_path: str) -> Iterator[str]:
     else:
         sink = _LazyLog(_open_temp)
     ident = threading.get_ident()
+    uploader = None if local is not None else _PeriodicUpload(store, target, sink)
     _install()
     _sinks[ident] = sink
     try:
@@ -159,10 +161,57 @@ def capture_step_log(store: Store, output_path: str) -> Iterator[str]:
     finally:
         _sinks.pop(ident, None)
         _uninstall()
+        if uploader is not None:
+            uploader.stop()
         if sink.handle is not None:
             sink.handle.close()
-            if local is None:
-                _upload(store, target, sink.handle.name)
+            if uploader is not None:
+                try:
+                    uploader.upload()
+                finally:
+                    os.unlink(sink.handle.name)
+
+
+LOG_UPLOAD_INTERVAL_ENV = "MARIN_LOG_UPLOAD_INTERVAL"
+"""Seconds between uploads of a running step's log on an object store (default 15)."""
+
+
+class _PeriodicUpload:
+    """Publishes a running step's buffered log to the object store every few seconds, so
+    `marin show` and the browser show the tail of a step still running; the last upload,
+    when the step ends, has everything. Each upload writes the log as it was before this
+    step started (read once) followed by everything the step wrote so far."""
+
+    def __init__(self, store: Store, target: str, sink: _LazyLog):
+        self.store, self.target, self.sink = store, target, sink
+        self._earlier: bytes | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        interval = float(os.environ.get(LOG_UPLOAD_INTERVAL_ENV, "") or 15)
+        self._thread = threading.Thread(target=self._loop, args=(interval,), name="log-upload", daemon=True)
+        self._thread.start()
+
+    def _loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.upload()
+            except Exception as error:  # storage hiccup: the next upload (or the last) has it all
+                sys.__stderr__.write(f"uploading the log {self.target} failed: {error}\n")
+
+    def upload(self) -> None:
+        with self._lock:
+            handle = self.sink.handle
+            if handle is None:
+                return
+            with open(handle.name, "rb") as data:  # (line-buffered: whole lines are there)
+                written = data.read()
+            if self._earlier is None:
+                self._earlier = self.store.read_bytes(self.target) or b""
+            self.store.write_atomic(self.target, self._earlier + written)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _open_local(path: str) -> IO[str]:
@@ -176,13 +225,6 @@ def _open_local(path: str) -> IO[str]:
 def _open_temp() -> IO[str]:
     import tempfile  # object stores only
 
-    return tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".log", delete=False)  # noqa: SIM115
-
-
-def _upload(store: Store, target: str, temp_name: str) -> None:
-    """Publish the buffered log after any earlier run's log (object stores cannot append)."""
-    try:
-        with open(temp_name, "rb") as data:
-            store.write_atomic(target, (store.read_bytes(target) or b"") + data.read())
-    finally:
-        os.unlink(temp_name)
+    return tempfile.NamedTemporaryFile(  # noqa: SIM115
+        "w+", encoding="utf-8", suffix=".log", delete=False, buffering=1
+    )

@@ -221,12 +221,11 @@ class StepHost:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         import cloudpickle
+        import ray
 
         from executor.backends.host import run_hosted
         from executor.logs import capture_step_log
         from executor.store import open_store
-
-        import ray
 
         fn, config = cloudpickle.loads(blob)
         try:

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -331,17 +332,44 @@ def test_an_object_store_step_that_prints_nothing_uploads_nothing(console):
     assert store.read_bytes(path) is None
 
 
-def test_the_temporary_buffer_is_removed_even_when_the_upload_fails(tmp_path):
-    temp = tmp_path / "buffer.log"
-    temp.write_text("text")
+def test_the_temporary_buffer_is_removed_even_when_the_upload_fails(console, monkeypatch):
+    console()
+    temp_names = []
+    opened = logs._open_temp
+
+    def recording():
+        handle = opened()
+        temp_names.append(handle.name)
+        return handle
+
+    monkeypatch.setattr(logs, "_open_temp", recording)
 
     class FailingStore(MemoryStore):
         def write_atomic(self, path, data):
             raise OSError("upload failed")
 
-    with pytest.raises(OSError, match="upload failed"):
-        logs._upload(FailingStore(), memory_prefix() + "/step/.executor_log", str(temp))
-    assert not temp.exists()
+    with (
+        pytest.raises(OSError, match="upload failed"),
+        logs.capture_step_log(FailingStore(), memory_prefix() + "/step"),
+    ):
+        print("text")
+    assert temp_names and not os.path.exists(temp_names[0])
+
+
+def test_a_running_step_log_on_an_object_store_is_uploaded_while_it_runs(console, monkeypatch):
+    """`marin show` and the browser read the tail of a running remote step from the bucket."""
+    console()
+    monkeypatch.setenv(logs.LOG_UPLOAD_INTERVAL_ENV, "0.05")
+    store, step = MemoryStore(), memory_prefix() + "/live"
+    store.write_atomic(step + "/.executor_log", b"earlier run\n")
+    with logs.capture_step_log(store, step) as path:
+        print("first line")
+        deadline = time.time() + 10
+        while b"first line" not in (store.read_bytes(path) or b"") and time.time() < deadline:
+            time.sleep(0.01)
+        assert store.read_bytes(path) == b"earlier run\nfirst line\n"  # before the step ended
+        print("second line")
+    assert store.read_bytes(path) == b"earlier run\nfirst line\nsecond line\n"
 
 
 def test_a_local_log_is_utf8(tmp_path, console):
