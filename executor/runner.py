@@ -153,6 +153,8 @@ class Runner:
         if max_retries < 0:
             raise ValueError(f"max_retries must be at least 0, got {max_retries}")
         self.max_retries = max_retries
+        self.follow_logs = True
+        """While waiting for a step another driver (or a step's own process) runs, echo its log."""
         self._messages: queue.SimpleQueue = queue.SimpleQueue()
         # Worker threads are kept and reused: starting a thread per step made the main
         # thread wait for each new thread to be scheduled (Thread.start), ~0.5 ms a step on
@@ -361,6 +363,7 @@ class Runner:
             self.emit(StepFailed(row.name, path, kind="error", error=row.reason))
             return Outcome.FAILED, row.reason
         announced: str | None = None
+        follower: _LogFollower | None = None
         # The plan read the status of a step it runs: try the lease first, and read the
         # status again once the lease is ours (or when someone else holds it).
         check_first = row.action == Action.WAIT
@@ -396,6 +399,10 @@ class Runner:
             if holder is not None and holder.worker != announced:
                 announced = holder.worker
                 self.emit(StepWaiting(row.name, path, holder=holder.worker, since=holder.acquired))
+                if follower is None and self.follow_logs:
+                    follower = _LogFollower(self.store, row.name, log_path(path))
+            if follower is not None:
+                follower.poll()  # show what the step running elsewhere writes to its log
             self._stop.wait(self.leases.config.poll_interval)
         return Outcome.INTERRUPTED, "interrupted"
 
@@ -528,3 +535,41 @@ class Runner:
                 return Outcome.FAILED, why
             logger.warning("step %s: %s; submitting it again (attempt %d)", row.name, error, attempt + 1)
             attempt += 1
+
+
+class _LogFollower:
+    """Echoes what a step running elsewhere appends to its log, to this driver's console.
+
+    Started when the driver begins to wait for the step: it shows the last lines written so
+    far, then each whole line as it is appended. Lines are prefixed with the step name.
+    """
+
+    TAIL_LINES = 10
+
+    def __init__(self, store: Store, name: str, path: str):
+        self.store, self.name, self.path = store, name, path
+        self.offset: int | None = None
+
+    def poll(self) -> None:
+        from executor.logs import console_write
+
+        try:
+            data = self.store.read_bytes(self.path) or b""
+        except OSError:
+            return
+        if self.offset is None or len(data) < self.offset:  # first look, or the log was replaced
+            self.offset = data.rfind(b"\n") + 1
+            tail = data[: self.offset].decode("utf-8", errors="replace").splitlines()[-self.TAIL_LINES :]
+            if tail:
+                console_write(f"  {self.name} | ... (the end of {self.path} so far)\n")
+                console_write("".join(f"  {self.name} | {line}\n" for line in tail))
+            return
+        new = data[self.offset :]
+        if not new:
+            return
+        cut = new.rfind(b"\n") + 1  # whole lines only; the rest next time
+        if not cut:
+            return
+        self.offset += cut
+        text = new[:cut].decode("utf-8", errors="replace")
+        console_write("".join(f"  {self.name} | {line}\n" for line in text.splitlines()))

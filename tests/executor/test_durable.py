@@ -78,6 +78,7 @@ def test_a_heavy_step_outlives_its_killed_driver_and_the_next_driver_reattaches(
     out, _ = second.communicate(timeout=120)
     assert second.returncode == 0, out
     assert "wait" in out and "held by" in out  # it saw the running step and waited for it
+    assert "heavy | sleeping" in out  # and showed its log meanwhile
     assert len(counter.read_text().split()) == 1  # the step body ran exactly once
     history = read_status(LocalStore(), str(heavy_dir))
     assert [event.status for event in history] == [Status.RUNNING, Status.SUCCESS]
