@@ -32,7 +32,13 @@ def main(payload_path: str, result_path: str) -> int:
     for entry in reversed(sys_path):  # the driver's import path, so its modules resolve here too
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    import logging
+
     from executor.backends.host import run_hosted
+
+    # As executor_main sets up the driver: records at INFO and up, with their level and logger
+    # (without this, Python prints bare WARNING messages and drops INFO ones).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     fn, config = pickle.loads(blob)
     if log_is_stdout:
