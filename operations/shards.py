@@ -12,12 +12,23 @@ function over them:
 
 - in parallel worker processes (`workers`, default: one per core); the function is a
   top-level callable taking `(input_shard, output_shard)` and returning a dict of
-  counters, so a Ray backend can later fan the same function out;
+  counters;
+- or, when this process is connected to Ray (`operations.ray_util.ray_connected`: the
+  executor's Ray backend connects its driver while a run has steps to run, and light
+  steps such as these operations run in the driver), as Ray tasks (one CPU each): the
+  same function travels to the workers with cloudpickle, with the paths of its input and
+  output shard -- never the documents, so the driver's work grows with the number of
+  shards, not documents. At most `workers` tasks (default: twice the cluster's CPUs) are
+  in flight; more are submitted as they finish (`ray.wait`). A task writes through the
+  same atomic helpers and saves the same counters, so output is byte-identical to the
+  local pool's. A failed task fails the map with a `ShardError` naming the shard (the
+  worker's exception is its cause) and cancels the tasks still running; the tasks die
+  with the driver (Ray ends a job's workers when its driver exits);
 - atomically: each output shard is written under a temporary name (`.tmp-<hex>-<name>`)
   and renamed, and its counters are saved next to it (`.shard_stats/<shard>.json`) only
   after the rename; temporary files that a killed writer left behind are removed before
   and after the map, so an output that returns normally holds none;
-- with no orphans: a worker dies with its driver (on Linux the kernel kills it,
+- with no orphans: a local worker dies with its driver (on Linux the kernel kills it,
   `PR_SET_PDEATHSIG`; a worker from a fork server watches the driver), so a SIGKILLed
   driver leaves no worker writing into its output, and an exception or Ctrl-C in the
   driver terminates the workers instead of waiting for the shards under way;
@@ -45,11 +56,14 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import IO, Any
 
 import fsspec
+
+from operations.ray_util import ensure_ray, ray_connected
 
 SHARD_SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl")
 STATS_FILE = "stats.json"
@@ -229,6 +243,11 @@ def read_json(path: str) -> Any | None:
 ShardFunction = Callable[[str, str], dict[str, Any]]
 
 
+class ShardError(RuntimeError):
+    """A shard's task failed on Ray; the message names the shard, `__cause__` is the
+    worker's exception."""
+
+
 def _shard_stats_path(output_dir: str, output_shard: str) -> str:
     return join(output_dir, SHARD_STATS_DIR, output_shard.rsplit("/", 1)[-1] + ".json")
 
@@ -327,7 +346,9 @@ def map_shards(
 
     Output shard i is `<output_dir>/shard-0000i<suffix>`. Shards already done (output and
     counters present) are skipped; `fn` must write its output shard atomically (use
-    `document_writer`).
+    `document_writer`). Connected to Ray, the shards run as Ray tasks (at most `workers`
+    in flight, default twice the cluster's CPUs); else in local worker processes (at most
+    `workers`, default one per core).
     """
     from tqdm.auto import tqdm
 
@@ -344,10 +365,14 @@ def map_shards(
             results[index] = done
         else:
             jobs.append((index, input_shard, output_shard, stats_path))
-    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
+    on_ray = bool(jobs) and ray_connected()
+    if not on_ray:
+        workers = max(1, min(workers or os.cpu_count() or 1, len(jobs) or 1))
     progress = tqdm(total=len(inputs), initial=len(results), desc=description, unit="shard", leave=False)
     try:
-        if workers == 1 or len(jobs) <= 1:
+        if on_ray:
+            _map_on_ray(fn, jobs, results, progress.update, workers, description)
+        elif workers == 1 or len(jobs) <= 1:
             for index, input_shard, output_shard, stats_path in jobs:
                 results[index] = _run_one(fn, input_shard, output_shard, stats_path)
                 progress.update()
@@ -377,6 +402,66 @@ def map_shards(
         progress.close()
     remove_temp_files(output_dir)
     return [results[index] for index in range(len(inputs))]
+
+
+def _run_on_ray_worker(
+    blob: bytes, sys_path: list[str], input_shard: str, output_shard: str, stats_path: str
+) -> dict[str, Any]:
+    """The body of one Ray task: `_run_one` with the shard function the driver pickled.
+
+    The driver's `sys.path` comes first, so a shard function defined in an experiment
+    script (pickled by reference) resolves on the worker as it does in the driver."""
+    for entry in reversed(sys_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    import cloudpickle
+
+    return _run_one(cloudpickle.loads(blob), input_shard, output_shard, stats_path)
+
+
+def _map_on_ray(
+    fn: ShardFunction,
+    jobs: list[tuple[int, str, str, str]],
+    results: dict[int, dict[str, Any]],
+    advance: Callable[[], Any],
+    in_flight: int | None,
+    description: str,
+) -> None:
+    """Run `jobs` as Ray tasks, at most `in_flight` at once (default: twice the cluster's
+    CPUs), filling `results`; on any failure or interrupt the running tasks are cancelled."""
+    import cloudpickle
+    import ray
+
+    cpus = ensure_ray()
+    limit = max(1, in_flight or int(2 * cpus) or 1)
+    task = ray.remote(num_cpus=1)(_run_on_ray_worker)
+    # Pickled once and put in the object store once: every task reads the same bytes.
+    blob = ray.put(cloudpickle.dumps(fn))
+    sys_path = ray.put([entry for entry in sys.path if entry])
+    pending = deque(jobs)
+    running: dict[Any, tuple[int, str, str, str]] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < limit:
+                job = pending.popleft()
+                running[task.remote(blob, sys_path, *job[1:])] = job
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                index, input_shard, output_shard, _stats = running.pop(ref)
+                try:
+                    results[index] = ray.get(ref)
+                except ray.exceptions.RayError as error:
+                    cause = getattr(error, "cause", None) or error
+                    raise ShardError(
+                        f"{description}: shard {index} ({input_shard} -> {output_shard}) failed on a Ray "
+                        f"worker: {type(cause).__name__}: {cause}"
+                    ) from cause
+                advance()
+    except BaseException:
+        for ref in running:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        raise
 
 
 def _exists(path: str) -> bool:

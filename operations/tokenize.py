@@ -58,8 +58,6 @@ import functools
 import io
 import logging
 import os
-import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -68,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import orjson
 
+from operations.ray_util import ensure_ray, ray_connected
 from operations.shards import (
     is_local,
     join,
@@ -417,12 +416,6 @@ def cache_finished(cache_dir: str) -> bool:
     return bool(ledger and ledger.get("is_finished"))
 
 
-def ray_connected() -> bool:
-    """True if this process is connected to Ray or told where a cluster is (RAY_ADDRESS)."""
-    ray = sys.modules.get("ray")
-    return bool(os.environ.get("RAY_ADDRESS")) or (ray is not None and ray.is_initialized())
-
-
 def _build_with_ray(config: TokenizeConfig, pending: list[str]) -> None:
     """Levanter's Ray cache builder (`build_lm_dataset_cache`, Levanter's own processor) per split."""
     from levanter.data.text import build_lm_dataset_cache
@@ -547,25 +540,6 @@ def _discard_foreign_partial_cache(cache_dir: str, shards: list[str]) -> None:
         return
     logger.warning("%s: unfinished cache from a different shard grouping; rebuilding it", cache_dir)
     _remove(cache_dir)
-
-
-_RAY_LOCK = threading.Lock()
-
-
-def ensure_ray() -> float:
-    """Connect to Ray, starting a local instance if this process has none; returns its CPU count.
-
-    A started instance is left running for later steps in this process (starting one costs
-    seconds) and is shut down when the process exits.
-    """
-    import ray
-
-    with _RAY_LOCK:
-        if not ray.is_initialized():
-            started = time.perf_counter()
-            ray.init(include_dashboard=False, configure_logging=False)
-            logger.info("started Ray in %.1f s", time.perf_counter() - started)
-    return float(ray.cluster_resources().get("CPU", 0))
 
 
 def _cache_summary(cache_dir: str) -> dict[str, Any]:
