@@ -388,3 +388,34 @@ def test_a_heavy_step_that_keeps_dying_fails_after_max_retries(tmp_path):
     assert "after 2 attempts" in caught.value.failures[0].error
     history = read_status(executor.store, executor.output_paths[step])
     assert [event.status for event in history] == [Status.RUNNING, Status.RUNNING, Status.FAILED]
+
+
+def test_max_retries_is_read_checked_and_reaches_the_executor(tmp_path, monkeypatch):
+    from executor import main as main_module
+    from executor.main import UsageError
+
+    assert parse_flags(["--max_retries", "5"]).max_retries == 5
+    assert parse_flags(["--max_retries=0"]).max_retries == 0
+    assert parse_flags([]).max_retries is None
+    with pytest.raises(UsageError, match=r"^--max_retries must be at least 0, got -1$"):
+        parse_flags(["--max_retries", "-1"])
+    with pytest.raises(ValueError, match="max_retries must be at least 0, got -2"):
+        Executor(str(tmp_path), max_retries=-2)
+    assert Executor(str(tmp_path)).max_retries == 2
+    seen = {}
+    monkeypatch.setattr(
+        sys, "argv", ["x", "--prefix", str(tmp_path), "--max_retries", "7", "--dry_run", "true"]
+    )
+    original = main_module.Executor
+
+    def recording(*args, **kwargs):
+        executor = original(*args, **kwargs)
+        seen["max_retries"] = executor.max_retries
+        return executor
+
+    monkeypatch.setattr(main_module, "Executor", recording)
+    main_module.executor_main([])
+    assert seen == {"max_retries": 7}
+    monkeypatch.setattr(sys, "argv", ["x", "--prefix", str(tmp_path), "--dry_run", "true"])
+    main_module.executor_main([])
+    assert seen == {"max_retries": 2}  # the Executor's default when the flag is absent
