@@ -418,6 +418,10 @@ def _decoding_message(error) -> str:
     if not flag:  # about the config as a whole, e.g. unknown keys in a --config_path file
         return f"{reason} (see --help)"
     reason = reason.split(": ", 1)[-1] if reason.startswith(("int:", "float:", "bool:", "str:")) else reason
+    if " missing " in reason and "required positional argument" in reason:
+        # draccus's own TypeError for a YAML list or mapping where a number belongs: keep the
+        # part that names the value, drop the call that failed inside draccus.
+        reason = reason.split(": decode_", 1)[0].split(" into a ", 1)[0]
     fields = {field.name: field.type for field in dataclasses.fields(ExecutorMainConfig)}
     annotation = fields.get(flag)
     kinds = [kind for kind in _EXPECTED if annotation is kind or kind in getattr(annotation, "__args__", ())]
