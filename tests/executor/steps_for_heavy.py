@@ -79,13 +79,22 @@ class CountConfig:
     """A file outside the tree: one line is appended each time the body runs."""
 
     seconds: float = 3.0
+    """How long the body runs, unless `release` is given."""
+
+    release: str | None = None
+    """A file: the body runs until it exists (at most 120 s), so a test decides when it ends."""
 
 
 def count_and_sleep(config: CountConfig) -> None:
     with open(config.counter, "a") as handle:
         handle.write(f"{os.getpid()}\n")
     print("sleeping", flush=True)
-    time.sleep(config.seconds)
+    if config.release is None:
+        time.sleep(config.seconds)
+    else:
+        deadline = time.time() + 120
+        while not os.path.exists(config.release) and time.time() < deadline:
+            time.sleep(0.05)
     os.makedirs(config.output_path, exist_ok=True)
     with open(os.path.join(config.output_path, "done"), "w") as handle:
         handle.write("ok")

@@ -23,7 +23,7 @@ from tests.executor.steps_for_heavy import CountConfig, IntervalConfig, count_an
 heavy = ExecutorStep(
     name="heavy",
     fn=count_and_sleep,
-    config=CountConfig(output_path=this_output_path(), counter=sys.argv.pop(1), seconds=versioned(4.0)),
+    config=CountConfig(output_path=this_output_path(), counter=sys.argv.pop(1), release=sys.argv.pop(1)),
     resources=ResourceConfig.with_cpu(cpu=1),
 )
 after = ExecutorStep(
@@ -38,13 +38,15 @@ if __name__ == "__main__":
 FLAGS = ["--lease_heartbeat", "0.3", "--lease_timeout", "3", "--lease_poll", "0.2"]
 
 
-def _driver(script: Path, counter: Path, prefix: Path) -> subprocess.Popen:
+def _driver(script: Path, counter: Path, prefix: Path, output=subprocess.PIPE) -> subprocess.Popen:
+    """The experiment, as a user runs it; its step runs until the file `release` appears."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    release = counter.parent / "release"
     return subprocess.Popen(
-        [sys.executable, str(script), str(counter), "--prefix", str(prefix), *FLAGS],
+        [sys.executable, str(script), str(counter), str(release), "--prefix", str(prefix), *FLAGS],
         cwd=REPO,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=output,
         stderr=subprocess.STDOUT,
         text=True,
     )
@@ -74,8 +76,17 @@ def test_a_heavy_step_outlives_its_killed_driver_and_the_next_driver_reattaches(
     finally:
         if first.poll() is None:
             first.kill()
-    second = _driver(script, counter, prefix)
-    out, _ = second.communicate(timeout=120)
+    with open(tmp_path / "second.out", "w") as second_out:
+        second = _driver(script, counter, prefix, output=second_out)
+        try:
+            # the step is still running (it waits for `release`): the new driver must find it
+            _wait_for(lambda: "heavy | sleeping" in (tmp_path / "second.out").read_text(), timeout=120)
+            (tmp_path / "release").touch()
+            second.wait(120)
+        finally:
+            if second.poll() is None:
+                second.kill()
+    out = (tmp_path / "second.out").read_text()
     assert second.returncode == 0, out
     assert "wait" in out and "held by" in out  # it saw the running step and waited for it
     assert "heavy | sleeping" in out  # and showed its log meanwhile

@@ -182,7 +182,7 @@ from tests.executor.steps_for_heavy import CountConfig, count_and_sleep
 heavy = ExecutorStep(
     name="remote-heavy",
     fn=count_and_sleep,
-    config=CountConfig(output_path=this_output_path(), counter=sys.argv.pop(1), seconds=versioned(5.0)),
+    config=CountConfig(output_path=this_output_path(), counter=sys.argv.pop(1), release=sys.argv.pop(1)),
     resources=ResourceConfig.with_gpu("H100"),
 )
 if __name__ == "__main__":
@@ -198,8 +198,9 @@ def test_a_remote_step_outlives_its_killed_driver_and_the_next_driver_reattaches
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     }
+    release = tmp_path / "release"  # the step runs until this file appears
     command = [
-        sys.executable, str(script), str(counter), "--prefix", str(prefix), "--backend", "ray",
+        sys.executable, str(script), str(counter), str(release), "--prefix", str(prefix), "--backend", "ray",
         "--ray_address", cluster["cluster"].address,
         "--lease_heartbeat", "0.5", "--lease_timeout", "5", "--lease_poll", "0.2",
     ]  # fmt: skip
@@ -211,9 +212,19 @@ def test_a_remote_step_outlives_its_killed_driver_and_the_next_driver_reattaches
     finally:
         if first.poll() is None:
             first.kill()
-    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert "held by" in second.stdout  # it found the step running and waited
+    with open(tmp_path / "second.out", "w") as second_out:
+        second = subprocess.Popen(command, cwd=REPO, env=env, stdout=second_out, stderr=subprocess.STDOUT)
+        try:
+            # it found the step running and follows its log: now let the step finish
+            _wait_for(lambda: "remote-heavy | sleeping" in (tmp_path / "second.out").read_text(), timeout=180)
+            release.touch()
+            second.wait(180)
+        finally:
+            if second.poll() is None:
+                second.kill()
+    out = (tmp_path / "second.out").read_text()
+    assert second.returncode == 0, out
+    assert "held by" in out and "remote-heavy | sleeping" in out  # waited, showing the step's log
     assert len(counter.read_text().split()) == 1  # the body ran exactly once
     (heavy_dir,) = prefix.glob("remote-heavy-*")
     history = read_status(executor_store(), str(heavy_dir))
@@ -235,7 +246,7 @@ def test_a_step_on_a_lost_node_is_resubmitted_and_resumes_from_its_checkpoint(cl
     step = ExecutorStep(
         name="trainer",
         fn=resumable_count,
-        config=ResumableConfig(output_path=this_output_path(), total=versioned(40), tick=0.1),
+        config=ResumableConfig(output_path=this_output_path(), total=versioned(100), tick=0.1),
         resources=ResourceConfig.with_cpu(cpu=1),
     )
     backend = RayBackend(cluster["cluster"].address)
