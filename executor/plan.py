@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -37,13 +36,10 @@ from executor.lease import LeaseManager
 from executor.steps import ExecutorStep
 from executor.store import Store
 from executor.tree import (
-    STATUS_FILE,
-    STATUS_TAIL_BYTES,
     LeaseRecord,
     Status,
     StatusEvent,
     StatusFileError,
-    parse_last_status,
     read_info,
     read_last_status,
     utc_now_iso,
@@ -164,38 +160,10 @@ def _read_status(store: Store, output_path: str) -> StepStatus:
         return error  # this step's problem only: planned as an error row
 
 
-def _read_local_status(store: Store, output_path: str) -> StepStatus:
-    """`_read_status` on local disk, inlined for the usual case: a short status file, or none.
-
-    Anything else (a long or unreadable file, a directory, bad content) takes the general
-    path, which words the error.
-    """
-    try:
-        fd = os.open(f"{store.local_path(output_path)}/{STATUS_FILE}", os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError:
-        return _read_status(store, output_path)
-    try:
-        data = os.read(fd, STATUS_TAIL_BYTES)
-    except OSError:
-        data = b""
-    finally:
-        os.close(fd)
-    if not data or len(data) >= STATUS_TAIL_BYTES:
-        return _read_status(store, output_path)
-    try:
-        return parse_last_status(data.decode("utf-8"))
-    except (UnicodeDecodeError, StatusFileError):
-        return _read_status(store, output_path)  # (which names the file in its error)
-
-
 def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, StepStatus]:
     # Local reads take microseconds: a thread pool costs more than it saves. Remote reads
     # take a round trip each, so they go in parallel, in batches to keep task overhead low.
-    if store.local_path("/") is not None:
-        return {step.output_path: _read_local_status(store, step.output_path) for step in steps}
-    if len(steps) <= 1:
+    if store.local_path("/") is not None or len(steps) <= 1:
         return {step.output_path: _read_status(store, step.output_path) for step in steps}
     from concurrent.futures import ThreadPoolExecutor  # (imported only for object stores)
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+import re
 import threading
 import time
 import traceback
@@ -537,6 +538,9 @@ class Runner:
             attempt += 1
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
 class _LogFollower:
     """Echoes what a step running elsewhere appends to its log, to this driver's console.
 
@@ -545,6 +549,11 @@ class _LogFollower:
     """
 
     TAIL_LINES = 10
+
+    def _lines(self, lines: list[str]) -> str:
+        # The log was written by another process (read from the tree): shown as text, with
+        # control characters (terminal escape sequences) replaced, never interpreted.
+        return "".join(f"  {self.name} | {_CONTROL.sub('?', line)}\n" for line in lines)
 
     def __init__(self, store: Store, name: str, path: str):
         self.store, self.name, self.path = store, name, path
@@ -562,7 +571,7 @@ class _LogFollower:
             tail = data[: self.offset].decode("utf-8", errors="replace").splitlines()[-self.TAIL_LINES :]
             if tail:
                 console_write(f"  {self.name} | ... (the end of {self.path} so far)\n")
-                console_write("".join(f"  {self.name} | {line}\n" for line in tail))
+                console_write(self._lines(tail))
             return
         new = data[self.offset :]
         if not new:
@@ -571,5 +580,4 @@ class _LogFollower:
         if not cut:
             return
         self.offset += cut
-        text = new[:cut].decode("utf-8", errors="replace")
-        console_write("".join(f"  {self.name} | {line}\n" for line in text.splitlines()))
+        console_write(self._lines(new[:cut].decode("utf-8", errors="replace").splitlines()))

@@ -90,6 +90,25 @@ class Backend:
         pass
 
 
+def child_env() -> dict[str, str]:
+    """The driver's environment for a process it starts, with the directory holding the
+    `executor` package on PYTHONPATH (so `python -m executor.backends...` finds this code)."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def extend_sys_path(entries: list[str]) -> None:
+    """Put the driver's import path (sent with a step) in front of this process's, once each,
+    so the step's function and config unpickle here as they were defined there."""
+    import sys
+
+    for entry in reversed(entries):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
 def is_heavy(step: ResolvedStep) -> bool:
     """A step that declares resources runs where the backend puts heavy work."""
     return step.step.resources is not None

@@ -29,9 +29,9 @@ def main(payload_path: str, result_path: str) -> int:
         sys_path, blob, spec, log_is_stdout = pickle.load(handle)
     with contextlib.suppress(OSError):
         os.unlink(payload_path)
-    for entry in reversed(sys_path):  # the driver's import path, so its modules resolve here too
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
+    from executor.backends import extend_sys_path
+
+    extend_sys_path(sys_path)
     import logging
 
     from executor.backends.host import run_hosted

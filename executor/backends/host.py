@@ -32,6 +32,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from executor.backends import child_env
 from executor.lease import new_worker_id
 from executor.tree import LeaseRecord, Status, append_status, lease_path
 
@@ -124,13 +125,10 @@ def _start_heartbeat(spec: HostedStep, path: str, mine: bytes) -> subprocess.Pop
             "kill_pid": os.getpid(),
         }
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return subprocess.Popen(
         [sys.executable, "-m", "executor.backends.heartbeat", payload],
         stdin=subprocess.DEVNULL,
-        env=env,
+        env=child_env(),
     )
 
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from executor.backends import Backend, StepCancelled, StepFunctionError, is_heavy
+from executor.backends import Backend, StepCancelled, StepFunctionError, child_env, is_heavy
 
 if TYPE_CHECKING:
     from executor.graph import ResolvedStep
@@ -136,7 +136,7 @@ class LocalBackend(Backend):
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=output,
-                env=_child_env(),
+                env=child_env(),
                 start_new_session=True,
             )
         finally:
@@ -190,14 +190,6 @@ def _payload(step: ResolvedStep, spec: Any, log_is_stdout: bool) -> bytes:
             "the step in the driver"
         ) from None
     return pickle.dumps(([entry for entry in sys.path if entry], blob, spec, log_is_stdout))
-
-
-def _child_env() -> dict[str, str]:
-    """The driver's environment, with the directory holding `executor` on PYTHONPATH."""
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 def _open_log(local_log: str | None):

@@ -217,9 +217,9 @@ class StepHost:
     output captured into the step's log in the tree."""
 
     def run(self, blob: bytes, sys_path: list[str], spec: Any) -> dict[str, Any]:
-        for entry in reversed(sys_path):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
+        from executor.backends import extend_sys_path
+
+        extend_sys_path(sys_path)
         import cloudpickle
         import ray
 

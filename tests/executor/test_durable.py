@@ -12,6 +12,7 @@ from pathlib import Path
 
 from executor.store import LocalStore
 from executor.tree import LeaseRecord, Status, read_status
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,23 +53,14 @@ def _driver(script: Path, counter: Path, prefix: Path, output=subprocess.PIPE) -
     )
 
 
-def _wait_for(condition, timeout=60.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 def test_a_heavy_step_outlives_its_killed_driver_and_the_next_driver_reattaches(tmp_path):
     script, counter, prefix = tmp_path / "exp.py", tmp_path / "counter", tmp_path / "out"
     script.write_text(SCRIPT)
     first = _driver(script, counter, prefix)
     try:
-        _wait_for(lambda: counter.exists() and counter.read_text().strip())
+        wait_for(lambda: counter.exists() and counter.read_text().strip())
         heavy_dir = next(prefix.glob("heavy-*"))
-        _wait_for(lambda: "sleeping" in (heavy_dir / ".executor_log").read_text())
+        wait_for(lambda: "sleeping" in (heavy_dir / ".executor_log").read_text())
         lease = LeaseRecord.parse((heavy_dir / ".executor_status.lock").read_bytes())
         assert "/step:" in lease.worker  # held by the step's own process, not the driver
         first.send_signal(signal.SIGKILL)
@@ -80,10 +72,11 @@ def test_a_heavy_step_outlives_its_killed_driver_and_the_next_driver_reattaches(
         second = _driver(script, counter, prefix, output=second_out)
         try:
             # the step is still running (it waits for `release`): the new driver must find it
-            _wait_for(lambda: "heavy | sleeping" in (tmp_path / "second.out").read_text(), timeout=120)
+            wait_for(lambda: "heavy | sleeping" in (tmp_path / "second.out").read_text(), timeout=120)
             (tmp_path / "release").touch()
             second.wait(120)
         finally:
+            (tmp_path / "release").touch()  # the step's process (its own session) ends too
             if second.poll() is None:
                 second.kill()
     out = (tmp_path / "second.out").read_text()
@@ -106,10 +99,10 @@ def test_a_step_process_that_loses_its_lease_is_killed_at_once(tmp_path):
     script.write_text(SCRIPT)
     first = _driver(script, counter, prefix)
     try:
-        _wait_for(lambda: counter.exists() and counter.read_text().strip())
+        wait_for(lambda: counter.exists() and counter.read_text().strip())
         heavy_dir = next(prefix.glob("heavy-*"))
         lease_file = heavy_dir / ".executor_status.lock"
-        _wait_for(
+        wait_for(
             lambda: lease_file.exists() and "/step:" in LeaseRecord.parse(lease_file.read_bytes()).worker
         )
         step_pid = LeaseRecord.parse(lease_file.read_bytes()).pid
@@ -120,9 +113,10 @@ def test_a_step_process_that_loses_its_lease_is_killed_at_once(tmp_path):
         tmp = heavy_dir / "lock.tmp"
         tmp.write_bytes(stolen)
         os.replace(tmp, lease_file)
-        _wait_for(lambda: not _alive(step_pid), timeout=10)
+        wait_for(lambda: not _alive(step_pid), timeout=10)
         out, _ = first.communicate(timeout=60)
     finally:
+        (tmp_path / "release").touch()  # should the fencing fail, its step ends anyway
         if first.poll() is None:
             first.kill()
     assert first.returncode == 1

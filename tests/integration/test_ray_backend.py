@@ -23,9 +23,11 @@ import pytest
 from executor import Executor, ExecutorRunError, ExecutorStep, ResourceConfig, this_output_path, versioned
 from executor.backends.ray_cluster import RayBackend
 from executor.tree import Status, read_info, read_status
+from tests.waiting import wait_for
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+
+from tests.ray_cluster import loopback_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,36 +56,10 @@ def fail_remotely(config: WhereConfig) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    # Ray rewrites 127.0.0.1 in a cluster address to the machine's outward address, which
-    # this cluster does not listen on; this setting makes it keep the loopback address.
-    # (The variable for the processes Ray starts; the constant for this one, which may have
-    # imported Ray before this module.)
-    from ray._private import ray_constants
-
-    previous = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    previous_constant = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
-    )
-    tpu = cluster.add_node(num_cpus=1, resources={"TPU": 4, "TPU-v4-8-head": 1}, node_ip_address="127.0.0.1")
-    gpu = cluster.add_node(
-        num_cpus=1, num_gpus=1, resources={"accelerator_type:H100": 1}, node_ip_address="127.0.0.1"
-    )
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
+    tpu_node = {"num_cpus": 1, "resources": {"TPU": 4, "TPU-v4-8-head": 1}}
+    gpu_node = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}
+    with loopback_cluster(tpu_node, gpu_node) as (cluster, (tpu, gpu)):
         yield {"cluster": cluster, "tpu": tpu.node_id, "gpu": gpu.node_id, "head": cluster.head_node.node_id}
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        ray_constants.ENABLE_RAY_CLUSTER = previous_constant
-        if previous is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = previous
 
 
 def step(name: str, fn, resources, tag: str = "") -> ExecutorStep:
@@ -165,15 +141,6 @@ def test_a_cached_rerun_with_the_ray_backend_runs_nothing(cluster, tmp_path):
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _wait_for(condition, timeout=60.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
 DRIVER_SCRIPT = """
 import sys
 from executor import ExecutorStep, ResourceConfig, executor_main, this_output_path, versioned
@@ -206,7 +173,7 @@ def test_a_remote_step_outlives_its_killed_driver_and_the_next_driver_reattaches
     ]  # fmt: skip
     first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        _wait_for(lambda: counter.exists() and counter.read_text().strip(), timeout=120)
+        wait_for(lambda: counter.exists() and counter.read_text().strip(), timeout=120)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
@@ -216,10 +183,11 @@ def test_a_remote_step_outlives_its_killed_driver_and_the_next_driver_reattaches
         second = subprocess.Popen(command, cwd=REPO, env=env, stdout=second_out, stderr=subprocess.STDOUT)
         try:
             # it found the step running and follows its log: now let the step finish
-            _wait_for(lambda: "remote-heavy | sleeping" in (tmp_path / "second.out").read_text(), timeout=180)
+            wait_for(lambda: "remote-heavy | sleeping" in (tmp_path / "second.out").read_text(), timeout=180)
             release.touch()
             second.wait(180)
         finally:
+            release.touch()  # the detached step actor ends too
             if second.poll() is None:
                 second.kill()
     out = (tmp_path / "second.out").read_text()
@@ -264,7 +232,7 @@ def test_a_step_on_a_lost_node_is_resubmitted_and_resumes_from_its_checkpoint(cl
     runner.start()
     output = tmp_path / next(p.name for p in _wait_listing(tmp_path, "trainer-"))
     progress = output / "progress"
-    _wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 5, timeout=120)
+    wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 5, timeout=120)
     first_node = (output / "attempts.txt").read_text().split()[1]
     (lost,) = [node for node in nodes if node.node_id == first_node]
     cluster["cluster"].remove_node(lost)
@@ -288,7 +256,7 @@ def _run_catching(executor, steps, errors):
 
 
 def _wait_listing(directory: Path, prefix: str):
-    _wait_for(lambda: any(p.name.startswith(prefix) for p in directory.iterdir()), timeout=60)
+    wait_for(lambda: any(p.name.startswith(prefix) for p in directory.iterdir()), timeout=60)
     return [p for p in directory.iterdir() if p.name.startswith(prefix)]
 
 

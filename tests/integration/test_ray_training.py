@@ -8,10 +8,8 @@ project's own `operations.train.train` of the nano Llama on a tiny tokenized cor
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,42 +19,21 @@ from executor.tree import Status, read_status
 from operations.train import train
 from tests.operations.test_train import checkpoint_steps, nano_config
 from tests.operations.test_train import data as data  # noqa: F401 (the module fixture)
+from tests.waiting import wait_for
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from executor.backends.ray_cluster import RayBackend  # noqa: E402
+from tests.ray_cluster import loopback_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def trainers():
-    from ray._private import ray_constants
-
-    previous = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    previous_constant = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep the cluster on 127.0.0.1
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
-    )
-    nodes = [
-        cluster.add_node(num_cpus=1, resources={"trainer": 1}, node_ip_address="127.0.0.1") for _ in range(2)
-    ]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
+    trainer = {"num_cpus": 1, "resources": {"trainer": 1}}
+    with loopback_cluster(trainer, trainer) as (cluster, nodes):
         yield cluster, nodes
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        ray_constants.ENABLE_RAY_CLUSTER = previous_constant
-        if previous is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = previous
 
 
 class TrainerBackend(RayBackend):
@@ -71,15 +48,6 @@ class TrainerBackend(RayBackend):
 
 def step_node(output: Path) -> list[str]:
     return re.findall(r"on Ray node (\w+)", (output / ".executor_log").read_text())
-
-
-def _wait_for(condition, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out")
 
 
 def test_training_on_a_lost_node_is_resubmitted_and_resumes_from_its_checkpoint(trainers, data, tmp_path):  # noqa: F811
@@ -107,7 +75,7 @@ def test_training_on_a_lost_node_is_resubmitted_and_resumes_from_its_checkpoint(
 
     thread = threading.Thread(target=run)
     thread.start()
-    _wait_for(lambda: bool(checkpoint_steps(str(output))), timeout=240)
+    wait_for(lambda: bool(checkpoint_steps(str(output))), timeout=240)
     (first_node,) = step_node(output)
     (lost,) = [node for node in nodes if node.node_id == first_node]
     killed_after = checkpoint_steps(str(output))[-1]

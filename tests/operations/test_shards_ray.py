@@ -28,7 +28,8 @@ from operations.filter import (
 from operations.shards import ShardError, document_writer, map_shards, shard_name, write_documents
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+
+from tests.ray_cluster import loopback_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,32 +38,8 @@ SHARDS = 6
 
 @pytest.fixture(scope="module")
 def cluster():
-    # Ray rewrites 127.0.0.1 in a cluster address to the machine's outward address, which
-    # this cluster does not listen on; this setting makes it keep the loopback address
-    # (the variable for the processes Ray starts, the constant for this one).
-    from ray._private import ray_constants
-
-    previous = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
-    previous_constant = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"},
-    )
-    worker = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
+    with loopback_cluster({"num_cpus": 1}) as (cluster, (worker,)):
         yield {"head": cluster.head_node.node_id, "worker": worker.node_id}
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        ray_constants.ENABLE_RAY_CLUSTER = previous_constant
-        if previous is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = previous
 
 
 def locally(monkeypatch) -> None:
