@@ -157,7 +157,9 @@ class Executor:
                 # prefix, if it cannot be. A cached re-run with a manifest writes nothing.
                 self.store.check_writable(self.prefix)
             listeners = [self._emit]
-            backend = self._open_backend()
+            # A run with nothing to run needs no backend: the base one (the local backend's
+            # module alone costs a cached re-run ~10 ms of imports).
+            backend = self._open_backend() if will_run or isinstance(self.backend, Backend) else Backend()
             if will_run:
                 backend.start()
             runner = Runner(

@@ -11,12 +11,21 @@ the store, so two drivers can never both believe they hold it:
   `heartbeat_interval`, swapping from the exact bytes it wrote last time. If the
   swap fails, someone else took the lease over: the lease is *lost*, and the driver
   is told so (it must not mark the step successful -- Marin #8107);
-- confirm, before a step's final status: the file must still hold our bytes (one
-  read). It is rewritten first only if our last write is `heartbeat_interval` old or
-  older; a younger lease cannot look stale to anyone for another `timeout -
-  heartbeat_interval` seconds, far longer than writing one status line takes. A step
-  shorter than the heartbeat interval thus creates its lease once and deletes it once;
-- release: delete the file if it still holds our bytes.
+- confirm, before a step's final status: if our last write to the lease is younger than
+  `heartbeat_interval`, nothing to do: another driver takes a lease over only once its
+  heartbeat is `timeout` old, so a lease we wrote less than `heartbeat_interval` ago
+  (by this process's monotonic clock) cannot have been taken over by anyone following
+  this protocol, and cannot be for another `timeout - heartbeat_interval` seconds, far
+  longer than writing one status line takes. An older lease (a step that outlived a
+  heartbeat, or a driver that was paused) is swapped from our exact bytes first: if
+  someone took it over, the swap fails and the lease is lost;
+- release: delete the file -- directly while our last write is that young (no one else
+  can hold it), otherwise only if it still holds our bytes (compare-and-swap).
+
+A step shorter than the heartbeat interval thus creates its lease once, deletes it once,
+and never reads it. What the timing rule does not defend against is someone outside the
+protocol rewriting a young lease by hand; a lease older than the heartbeat interval is
+always checked against our bytes.
 
 Timing is wall-clock time of the drivers (`heartbeat` is a Unix timestamp), so
 drivers on different machines need clocks within a fraction of `timeout`.
@@ -161,7 +170,10 @@ class LeaseManager:
         self.worker_id = worker_id
         self.on_lost = on_lost
         self._held: dict[str, bytes] = {}  # output path -> the bytes we last wrote
-        self._written: dict[str, float] = {}  # output path -> when we last wrote them
+        # Output path -> when the heartbeat we last wrote was taken, by time.monotonic()
+        # sampled with it (before the write, so the age is never underestimated): a
+        # wall-clock jump must not make an old lease look young.
+        self._written: dict[str, float] = {}
         self._host = _hostname()
         self._lost: set[str] = set()
         self._lock = threading.Lock()
@@ -192,14 +204,14 @@ class LeaseManager:
         for attempt in range(attempts):
             current = None if expect_absent and attempt == 0 else self.store.read_bytes(path)
             record = LeaseRecord.parse(current)
-            now = time.time()
+            now, sampled = time.time(), time.monotonic()
             if current is not None and not self.is_stale(record, now):
                 return AcquireResult(acquired=False, holder=record)
             mine = self._record(now, acquired=now)
             if self.store.compare_and_swap(path, current, mine):
                 with self._lock:
                     self._held[output_path] = mine
-                    self._written[output_path] = now
+                    self._written[output_path] = sampled
                     self._lost.discard(output_path)
                 self._ensure_thread()
                 if record is not None:
@@ -220,12 +232,12 @@ class LeaseManager:
             if previous is None:
                 return False
             record = LeaseRecord.parse(previous)
-            now = time.time()
+            now, sampled = time.time(), time.monotonic()
             mine = self._record(now, acquired=record.acquired if record else now)
             if self.store.compare_and_swap(lease_path(output_path), previous, mine):
                 with self._lock:
                     self._held[output_path] = mine
-                    self._written[output_path] = now
+                    self._written[output_path] = sampled
                 return True
             self._mark_lost(output_path)
             return False
@@ -233,22 +245,19 @@ class LeaseManager:
     def confirm(self, output_path: str) -> bool:
         """True if the lease is still ours, checked just before a step's final status is written.
 
-        One read that must find our bytes; a refresh first only when our last write is
-        `heartbeat_interval` old or older (see the module docstring). False (and the lease
-        is lost) otherwise.
+        Nothing to read while our last write is younger than `heartbeat_interval`; an older
+        lease is refreshed from our exact bytes (see the module docstring). False (and the
+        lease is lost) if that swap fails.
         """
         with self._swap_lock(output_path):  # no heartbeat swap between reading `mine` and the file
             with self._lock:
                 mine = self._held.get(output_path)
-                written = self._written.get(output_path, 0.0)
+                written = self._written.get(output_path, -math.inf)
             if mine is None:
                 return False
-            if time.time() - written >= self.config.heartbeat_interval:
-                return self.refresh(output_path)
-            if self.store.read_bytes(lease_path(output_path)) != mine:
-                self._mark_lost(output_path)
-                return False
-            return True
+            if self._young(written):
+                return True
+            return self.refresh(output_path)
 
     def hand_over(self, output_path: str) -> bytes | None:
         """Stop heartbeating our lease on `output_path` and return its exact bytes, for the
@@ -268,13 +277,13 @@ class LeaseManager:
             record.worker == self.worker_id or record.worker.startswith(self.worker_id + "/")
         ):
             return False
-        now = time.time()
+        now, sampled = time.time(), time.monotonic()
         mine = self._record(now, acquired=now)
         if not self.store.compare_and_swap(path, current, mine):
             return False
         with self._lock:
             self._held[output_path] = mine
-            self._written[output_path] = now
+            self._written[output_path] = sampled
             self._lost.discard(output_path)
         self._ensure_thread()
         return True
@@ -291,8 +300,12 @@ class LeaseManager:
         with self._swap_lock(output_path):
             with self._lock:
                 mine = self._held.pop(output_path, None)
-                self._written.pop(output_path, None)
-            if mine is not None and not self.store.compare_and_swap(lease_path(output_path), mine, None):
+                written = self._written.pop(output_path, -math.inf)
+            if mine is None:
+                return
+            if self._young(written):
+                self.store.delete(lease_path(output_path))  # nobody else can hold it (module docstring)
+            elif not self.store.compare_and_swap(lease_path(output_path), mine, None):
                 logger.warning("lease on %s was no longer ours at release", output_path)
 
     def close(self) -> None:
@@ -301,6 +314,10 @@ class LeaseManager:
             self._thread.join(timeout=self.config.heartbeat_interval + 5)
 
     # -- internals ------------------------------------------------------------
+    def _young(self, written: float) -> bool:
+        """Our last write (monotonic time) is too recent for anyone to have taken the lease over."""
+        return time.monotonic() - written < self.config.heartbeat_interval
+
     def _swap_lock(self, output_path: str) -> threading.RLock:
         """The lease's own swap lock (kept for the manager's life: a lock handed out must stay the one)."""
         with self._lock:

@@ -160,11 +160,31 @@ def _read_status(store: Store, output_path: str) -> StepStatus:
         return error  # this step's problem only: planned as an error row
 
 
-def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, StepStatus]:
+def _absent_outputs(store: Store, steps: Sequence[ResolvedStep]) -> frozenset[str]:
+    """Output paths whose directory does not exist, from one listing per parent directory
+    (where the store lists cheaply): such a step has neither status nor lease to read."""
+    listings: dict[str, frozenset[str] | None] = {}
+    absent = []
+    for step in steps:
+        parent, _, name = step.output_path.rpartition("/")
+        names = listings.get(parent, ())
+        if names == ():
+            names = listings[parent] = store.child_names(parent)
+        if names is not None and name not in names:
+            absent.append(step.output_path)
+    return frozenset(absent)
+
+
+def _read_statuses(
+    store: Store, steps: Sequence[ResolvedStep], absent: frozenset[str] = frozenset()
+) -> dict[str, StepStatus]:
     # Local reads take microseconds: a thread pool costs more than it saves. Remote reads
     # take a round trip each, so they go in parallel, in batches to keep task overhead low.
     if store.local_path("/") is not None or len(steps) <= 1:
-        return {step.output_path: _read_status(store, step.output_path) for step in steps}
+        return {
+            step.output_path: None if step.output_path in absent else _read_status(store, step.output_path)
+            for step in steps
+        }
     from concurrent.futures import ThreadPoolExecutor  # (imported only for object stores)
 
     batches = [steps[i : i + 64] for i in range(0, len(steps), 64)]
@@ -219,7 +239,11 @@ def make_plan(
     force_run_failed: bool = True,
 ) -> Plan:
     patterns = compile_run_only(run_only)
-    statuses = _read_statuses(store, graph.steps)
+    # A cold run's steps have no directory yet: one listing per parent spares each of them a
+    # status read and a lease read that could only find nothing. (A driver that creates one
+    # meanwhile is met by the runner, which takes the lease before it writes anything.)
+    absent = _absent_outputs(store, graph.steps) if store.local_path("/") is not None else frozenset()
+    statuses = _read_statuses(store, graph.steps, absent)
     selected = select_steps(graph, roots, patterns, statuses)
     names = {step.output_path: step.name for step in graph.steps}
     siblings = _SiblingFinder(store)
@@ -230,7 +254,7 @@ def make_plan(
         if isinstance(last, StatusFileError):
             rows[step.output_path] = PlannedStep(step, Action.ERROR, str(last), status_error=last)
             continue
-        row = _plan_step(step, last, store, leases, force_run_failed, now)
+        row = _plan_step(step, last, store, leases, force_run_failed, now, step.output_path in absent)
         if row.action == Action.RUN and last is None:
             previous = siblings.most_recent(step)
             if previous is not None:
@@ -269,7 +293,9 @@ def _plan_step(
     leases: LeaseManager,
     force_run_failed: bool,
     now: float,
+    absent: bool = False,
 ) -> PlannedStep:
+    """`absent`: the step's output directory does not exist (so neither does a lease)."""
     status = last.status if last is not None else None
     if status == Status.SUCCESS:
         return _plan_succeeded(step, last, store)
@@ -282,7 +308,7 @@ def _plan_step(
             f"failed previously (log: {step.output_path}/.executor_log); re-run with --force_run_failed true",
             status,
         )
-    lease = leases.read(step.output_path)
+    lease = None if absent else leases.read(step.output_path)
     if lease is not None and not leases.is_stale(lease, now):
         return PlannedStep(
             step,

@@ -36,13 +36,15 @@ shorter than the heartbeat interval makes exactly these writes:
 - SUCCESS (or FAILED) line appended to `.executor_status` (one `O_APPEND` write): the
   cache entry. The last line decides whether a later run skips the step; SUCCESS
   carries the version hash and config digest the planner checks.
-- lease deleted (read-compare-unlink under the flock): other drivers need not wait
-  out the timeout.
+- lease deleted: other drivers need not wait out the timeout.
 
-Reads: the plan reads the status and the lease (both absent on a cold run); the worker
-reads the status after taking the lease and the lease once before the final status
-(fencing: it must still hold our bytes). The lease is rewritten before the final status
-only if the step outlived the heartbeat interval (see `executor.lease`). Nothing is
+Reads: the plan lists each parent directory once and reads the status and the lease only
+of steps whose directory exists (on a cold run, none); the worker reads the status after
+taking the lease (another driver may have finished the step meanwhile). Fencing: before
+the final status the lease must still be ours. A step shorter than the heartbeat interval
+needs no read for that -- no driver can take over a lease younger than that (see
+`executor.lease`) -- and its lease is deleted with one unlink; after a longer step the
+lease is swapped from our exact bytes first, and deleted only if it still holds them. Nothing is
 fsynced: a power cut may lose the last lines written, as it may lose the step's own
 unsynced outputs; a process crash (SIGKILL) never leaves a half-written status line,
 info or lease that a reader would take for a whole one.

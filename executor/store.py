@@ -123,6 +123,11 @@ class Store:
             )
         return sorted(out, key=lambda info: info.name)
 
+    def child_names(self, path: str) -> frozenset[str] | None:
+        """Names of the direct children of `path` when one cheap listing gives them (local
+        disk; empty when `path` does not exist), else None: the caller looks child by child."""
+        return None
+
     # -- writes ---------------------------------------------------------------
     def makedirs(self, path: str) -> None:
         self.fs.makedirs(self.fs_path(path), exist_ok=True)
@@ -278,6 +283,14 @@ class LocalStore(Store):
         except (FileNotFoundError, NotADirectoryError):
             return []
         return sorted(out, key=lambda info: info.name)
+
+    def child_names(self, path: str) -> frozenset[str] | None:
+        try:
+            return frozenset(os.listdir(self.fs_path(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return frozenset()
+        except OSError:  # unreadable listing: let the caller read each child (and report it)
+            return None
 
     def makedirs(self, path: str) -> None:
         os.makedirs(self.fs_path(path), exist_ok=True)

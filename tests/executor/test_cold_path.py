@@ -184,14 +184,19 @@ def test_an_empty_lease_left_by_a_driver_killed_while_creating_it_is_taken_over(
         manager.close()
 
 
-def test_confirm_reads_a_young_lease_without_rewriting_it(any_prefix):
+def test_confirm_neither_reads_nor_rewrites_a_young_lease(any_prefix):
     config = LeaseConfig(heartbeat_interval=30, timeout=60, poll_interval=1)
     store = open_store(any_prefix)
     manager = LeaseManager(store, config, "w1")
     try:
         assert manager.try_acquire(f"{any_prefix}/s").acquired
         written = store.read_bytes(lease_path(f"{any_prefix}/s"))
+        reads, writes = [], []
+        store.read_bytes = lambda path: reads.append(path)
+        store.compare_and_swap = lambda *args: writes.append(args)
         assert manager.confirm(f"{any_prefix}/s")
+        assert reads == [] and writes == []
+        del store.read_bytes, store.compare_and_swap
         assert store.read_bytes(lease_path(f"{any_prefix}/s")) == written
     finally:
         manager.close()
@@ -223,6 +228,7 @@ def test_confirm_fails_when_the_lease_was_taken_over(any_prefix):
         assert manager.try_acquire(f"{any_prefix}/s").acquired
         thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time())
         store.write_atomic(lease_path(f"{any_prefix}/s"), thief.to_bytes())
+        manager._written[f"{any_prefix}/s"] -= 31  # our last write is older than the heartbeat interval
         assert not manager.confirm(f"{any_prefix}/s")
         assert manager.was_lost(f"{any_prefix}/s") and lost == [f"{any_prefix}/s"]
     finally:

@@ -219,8 +219,28 @@ def test_streams_are_wrapped_during_a_run_and_restored_after(tmp_path):
     assert "hello from the step" in log.read_text()
 
 
+def count_status_reads(monkeypatch) -> list[str]:
+    """Output paths whose status the plan and the runner read (through `read_last_status`)."""
+    import executor.plan
+    import executor.runner
+
+    seen: list[str] = []
+    original = executor.tree.read_last_status
+
+    def counting(store, output_path):
+        seen.append(output_path)
+        return original(store, output_path)
+
+    monkeypatch.setattr(executor.plan, "read_last_status", counting)
+    monkeypatch.setattr(executor.runner, "read_last_status", counting)
+    return seen
+
+
 def test_the_runner_reads_nothing_it_does_not_need_on_a_cold_step(tmp_path, monkeypatch):
-    """A cold step creates its lease without reading it first (one read fewer per step)."""
+    """A cold step's lease is never read: the plan sees from one listing of the parent that the
+    step's directory does not exist, the runner creates the lease without reading it first,
+    and confirms and releases it without reading it (it is younger than a heartbeat interval).
+    Its status is read once, after the lease is taken."""
     reads: list[str] = []
     original = LocalStore.read_bytes
 
@@ -229,16 +249,15 @@ def test_the_runner_reads_nothing_it_does_not_need_on_a_cold_step(tmp_path, monk
         return original(self, path)
 
     monkeypatch.setattr(LocalStore, "read_bytes", counting)
+    status_reads = count_status_reads(monkeypatch)
     step = ExecutorStep(
         name="cold", fn=write_value, config=WriteConfig(output_path=this_output_path(), value=versioned("x"))
     )
     executor = Executor(str(tmp_path), console=False)
     executor.run([step])
     output = executor.output_paths[step]
-    lease_reads = [path for path in reads if path.endswith(".executor_status.lock")]
-    # the plan looks once; the runner only to confirm and to release (no read before creating it)
-    assert len(lease_reads) == 3, lease_reads
-    assert lease_reads == [lease_path(output)] * 3
+    assert [path for path in reads if path.startswith(output)] == []  # (statuses: tree.read_last_status)
+    assert status_reads == [output]
 
 
 def test_a_cached_rerun_prints_the_plan_and_no_line_per_skipped_step(tmp_path, capfd):
@@ -274,3 +293,37 @@ def test_planned_skips_count_as_done_without_a_line():
         "[1/3 done, 1 running, 1 left] start  b  (log: /p/b/.executor_log)",
         "[2/3 done, 1 running, 0 left] skip   c  (finished by another driver)",
     ]
+
+
+def test_the_plan_reads_neither_status_nor_lease_of_a_step_whose_directory_is_absent(tmp_path, monkeypatch):
+    """One listing per parent directory tells the plan which steps have no directory yet;
+    a step whose directory exists (here: left by a crashed run, with a stale lease) is read."""
+    steps = [
+        ExecutorStep(
+            name=f"group/s{i}",
+            fn=write_value,
+            config=WriteConfig(output_path=this_output_path(), value=versioned(i)),
+        )
+        for i in range(3)
+    ]
+    executor = Executor(str(tmp_path), console=False)
+    plan = executor.run(steps, dry_run=True)
+    crashed = plan.rows[1].output_path
+    old = LeaseRecord(worker="gone", heartbeat=time.time() - 3600, acquired=time.time() - 3600)
+    executor.store.write_atomic(lease_path(crashed), old.to_bytes())
+    reads: list[str] = []
+    original = LocalStore.read_bytes
+
+    def counting(self, path):
+        reads.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(LocalStore, "read_bytes", counting)
+    status_reads = count_status_reads(monkeypatch)
+    plan = executor.run(steps, dry_run=True)
+    assert [row.reason.split(" (")[0] for row in plan.rows] == [
+        "no output yet",
+        "stale lease of gone",
+        "no output yet",
+    ]
+    assert reads == [lease_path(crashed)] and status_reads == [crashed]

@@ -76,11 +76,14 @@ def test_release_removes_only_our_own_lease(any_prefix, fast_leases):
     store = open_store(any_prefix)
     manager = LeaseManager(store, fast_leases, "w1")
     manager.try_acquire(f"{any_prefix}/s")
+    manager.close()  # no heartbeat thread: our last write stays the one try_acquire made
     thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time()).to_bytes()
     store.write_atomic(lease_path(f"{any_prefix}/s"), thief)
+    # Once our last write is a heartbeat interval old, someone may have taken the lease over:
+    # release then deletes it only if it still holds our bytes.
+    manager._written[f"{any_prefix}/s"] -= fast_leases.heartbeat_interval
     manager.release(f"{any_prefix}/s")
     assert store.read_bytes(lease_path(f"{any_prefix}/s")) == thief
-    manager.close()
 
 
 def test_a_taken_over_lease_is_reported_lost(any_prefix, fast_leases):
@@ -239,7 +242,7 @@ def test_a_driver_that_loses_its_lease_stops_waiting_and_does_not_mark_success(t
     assert LeaseRecord.parse(executor.store.read_bytes(lease_path(output))).worker == "thief"
 
 
-def test_a_lease_taken_over_between_heartbeats_is_caught_when_the_step_returns(tmp_path):
+def test_a_lease_taken_over_between_heartbeats_is_caught_when_the_step_returns(tmp_path, monkeypatch):
     """No heartbeat runs while the step does (the interval is long), so only the final check
     before SUCCESS can see the takeover: the step must end lease_lost, never SUCCESS."""
     slow_heartbeats = LeaseConfig(heartbeat_interval=600, timeout=1200, poll_interval=0.05)
@@ -248,6 +251,10 @@ def test_a_lease_taken_over_between_heartbeats_is_caught_when_the_step_returns(t
 
     def taken_over_while_running(config):
         executor.store.write_atomic(lease_path(config.output_path), thief.to_bytes())
+
+    # As if the step had outlived the heartbeat interval (only then can a lease be taken over
+    # by another driver): the final check swaps from our bytes and finds the thief's.
+    monkeypatch.setattr(LeaseManager, "_young", lambda self, written: False)
 
     step = ExecutorStep(
         "taken", taken_over_while_running, WriteConfig(output_path=this_output_path(), value=versioned(1))

@@ -1,5 +1,6 @@
 """Leases, pinned where mutation testing found no test: config validation and its messages,
-what a lease file records, staleness at the boundary, confirm's one-read fast path, and the
+what a lease file records, staleness at the boundary, confirm's and release's young-lease
+fast paths, and the
 heartbeat thread surviving a storage error.
 
 Everything goes through `LeaseConfig`, `LeaseManager`, `read_lease` / `lease_is_stale` and
@@ -43,6 +44,11 @@ def root(tmp_path):
 
 def lease_bytes(store, output):
     return store.read_bytes(lease_path(output))
+
+
+def age(manager, output, seconds):
+    """As if `manager` had last written its lease on `output` `seconds` earlier."""
+    manager._written[output] -= seconds
 
 
 # -- LeaseConfig -----------------------------------------------------------------------
@@ -354,7 +360,7 @@ def test_a_lease_lost_then_acquired_again_is_no_longer_lost(root):
 # -- confirm -----------------------------------------------------------------------------
 
 
-def test_confirming_a_young_lease_reads_it_and_rewrites_nothing(root):
+def test_confirming_a_young_lease_rewrites_nothing(root):
     # A step shorter than the heartbeat interval writes its lease once (module docstring).
     store = open_store(root)
     manager = LeaseManager(store, QUIET, "w1")
@@ -366,6 +372,37 @@ def test_confirming_a_young_lease_reads_it_and_rewrites_nothing(root):
         assert lease_bytes(store, f"{root}/s") == before
     finally:
         manager.close()
+
+
+def test_a_lease_just_short_of_the_heartbeat_interval_is_young_and_one_at_it_is_not(root):
+    store = open_store(root)
+    manager = LeaseManager(store, QUIET, "w1")
+    manager.try_acquire(f"{root}/s")
+    manager.close()
+    now = time.monotonic()
+    assert manager._young(now - QUIET.heartbeat_interval + 0.5)
+    assert not manager._young(now - QUIET.heartbeat_interval)
+    assert not manager._young(-math.inf)  # never written
+
+
+def test_the_age_of_a_lease_is_taken_from_before_its_write(root, monkeypatch):
+    """A slow write must not make the lease look younger than the heartbeat it carries."""
+    store = open_store(root)
+    manager = LeaseManager(store, QUIET, "w1")
+    real_swap = store.compare_and_swap
+    sampled = []
+
+    def slow_swap(path, expected, new):
+        sampled.append(time.monotonic())
+        return real_swap(path, expected, new)
+
+    store.compare_and_swap = slow_swap
+    before = time.monotonic()
+    manager.try_acquire(f"{root}/s")
+    manager.close()
+    assert before <= manager._written[f"{root}/s"] <= sampled[0]
+    manager.refresh(f"{root}/s")
+    assert sampled[0] <= manager._written[f"{root}/s"] <= sampled[1]
 
 
 def test_confirming_a_lease_older_than_the_heartbeat_rewrites_it_first(root):
@@ -384,7 +421,7 @@ def test_confirming_a_lease_older_than_the_heartbeat_rewrites_it_first(root):
     assert read_lease(store, f"{root}/s") == after
 
 
-def test_confirm_finds_a_young_lease_taken_over_and_reports_it_lost_once(root):
+def test_confirm_finds_a_lease_taken_over_and_reports_it_lost_once(root):
     store = open_store(root)
     lost = []
     manager = LeaseManager(store, QUIET, "w1", on_lost=lost.append)
@@ -392,6 +429,7 @@ def test_confirm_finds_a_young_lease_taken_over_and_reports_it_lost_once(root):
         manager.try_acquire(f"{root}/s")
         thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time()).to_bytes()
         store.write_atomic(lease_path(f"{root}/s"), thief)
+        age(manager, f"{root}/s", QUIET.heartbeat_interval)
         assert manager.confirm(f"{root}/s") is False
         assert lost == [f"{root}/s"]
         assert manager.was_lost(f"{root}/s") and not manager.holds(f"{root}/s")
@@ -416,6 +454,7 @@ def test_losing_a_lease_logs_an_error_naming_it(root, caplog):
         manager.try_acquire(f"{root}/s")
         thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time()).to_bytes()
         store.write_atomic(lease_path(f"{root}/s"), thief)
+        age(manager, f"{root}/s", QUIET.heartbeat_interval)
         with caplog.at_level(logging.ERROR, logger="executor.lease"):
             manager.confirm(f"{root}/s")
         assert [r.getMessage() for r in caplog.records if r.name == "executor.lease"] == [
@@ -426,6 +465,40 @@ def test_losing_a_lease_logs_an_error_naming_it(root, caplog):
 
 
 # -- release -----------------------------------------------------------------------------
+
+
+def test_releasing_a_young_lease_deletes_it_without_reading_or_swapping(root):
+    store = open_store(root)
+    manager = LeaseManager(store, QUIET, "w1")
+    manager.try_acquire(f"{root}/s")
+    manager.close()
+    calls = []
+    store.read_bytes = lambda path: calls.append(("read", path))
+    store.compare_and_swap = lambda *args: calls.append(("swap", args))
+    real_delete = store.delete
+    store.delete = lambda path: (calls.append(("delete", path)), real_delete(path))
+    manager.release(f"{root}/s")
+    assert calls == [("delete", lease_path(f"{root}/s"))]
+    del store.read_bytes, store.compare_and_swap, store.delete
+    assert lease_bytes(store, f"{root}/s") is None and not manager.holds(f"{root}/s")
+
+
+def test_releasing_an_old_lease_swaps_it_away_from_our_bytes(root):
+    store = open_store(root)
+    manager = LeaseManager(store, QUIET, "w1")
+    manager.try_acquire(f"{root}/s")
+    manager.close()
+    mine = lease_bytes(store, f"{root}/s")
+    age(manager, f"{root}/s", QUIET.heartbeat_interval)
+    swaps = []
+    real_swap = store.compare_and_swap
+    store.compare_and_swap = lambda path, expected, new: (
+        swaps.append((path, expected, new)),
+        real_swap(path, expected, new),
+    )[1]
+    manager.release(f"{root}/s")
+    assert swaps == [(lease_path(f"{root}/s"), mine, None)]
+    assert lease_bytes(store, f"{root}/s") is None
 
 
 def test_release_deletes_our_lease_and_forgets_it(root, caplog):
@@ -450,6 +523,7 @@ def test_releasing_a_lease_taken_over_warns_and_leaves_the_new_holders_lease(roo
         manager.try_acquire(f"{root}/s")
         thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time()).to_bytes()
         store.write_atomic(lease_path(f"{root}/s"), thief)
+        age(manager, f"{root}/s", QUIET.heartbeat_interval)
         with caplog.at_level(logging.WARNING, logger="executor.lease"):
             manager.release(f"{root}/s")
         assert lease_bytes(store, f"{root}/s") == thief

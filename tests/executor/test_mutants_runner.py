@@ -356,24 +356,24 @@ def test_a_lease_that_cannot_be_released_after_an_executor_error_is_logged(tmp_p
     a = step("a", 1)
     executor = executor_for(tmp_path)
     store = executor.store
-    real_append, real_swap = store.append_line, store.compare_and_swap
+    real_append, real_delete = store.append_line, store.delete
 
     def broken_append(path, line):
         raise OSError("disk gone")
 
-    def broken_delete(path, expected, new):
-        if new is None:
+    def broken_delete(path):
+        if path.endswith(".executor_status.lock"):
             raise OSError("still gone")
-        return real_swap(path, expected, new)
+        real_delete(path)
 
     store.append_line = broken_append
-    store.compare_and_swap = broken_delete
+    store.delete = broken_delete  # a young lease is released by a plain delete
     with (
         caplog.at_level(logging.ERROR, logger="executor.runner"),
         pytest.raises(ExecutorRunError, match="executor error: OSError: disk gone"),
     ):
         executor.run([a])
-    store.append_line, store.compare_and_swap = real_append, real_swap
+    store.append_line, store.delete = real_append, real_delete
     path = executor.output_paths[a]
     assert f"could not release the lease on {path}: still gone" in [
         r.getMessage() for r in caplog.records if r.name == "executor.runner"
@@ -513,10 +513,11 @@ def test_workers_freed_together_are_all_reused(tmp_path):
     assert len(threads) == 2
 
 
-def test_a_lease_lost_while_the_step_ran_is_reported_with_the_step_and_why(tmp_path):
+def test_a_lease_lost_while_the_step_ran_is_reported_with_the_step_and_why(tmp_path, monkeypatch):
     slow_heartbeats = LeaseConfig(heartbeat_interval=600, timeout=1200, poll_interval=0.05)
     executor = Executor(str(tmp_path), console=False, lease_config=slow_heartbeats)
     thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600, acquired=time.time())
+    monkeypatch.setattr(LeaseManager, "_young", lambda self, written: False)  # a step past a heartbeat
 
     def taken_over_while_running(config):
         executor.store.write_atomic(lease_path(config.output_path), thief.to_bytes())
