@@ -124,7 +124,15 @@ class Executor:
         runner_ref: list[Runner] = []
         backend: Backend | None = None
         leases = LeaseManager(
-            self.store, self.lease_config, worker_id, on_lost=lambda path: runner_ref[0].lease_lost(path)
+            self.store,
+            self.lease_config,
+            worker_id,
+            on_lost=lambda path: runner_ref[0].lease_lost(path),
+            # Heartbeats from a process of their own (no GIL shared with the steps), for trees
+            # on local disk (see executor.lease_keeper).
+            keeper_prefix=self.prefix
+            if self.lease_config.heartbeat_process and self.store.local_path("/") is not None
+            else None,
         )
         try:
             with _cyclic_gc_paused():
@@ -162,6 +170,7 @@ class Executor:
             backend = self._open_backend() if will_run or isinstance(self.backend, Backend) else Backend()
             if will_run:
                 backend.start()
+                leases.start()
             runner = Runner(
                 plan,
                 self.store,

@@ -29,6 +29,16 @@ always checked against our bytes.
 
 Timing is wall-clock time of the drivers (`heartbeat` is a Unix timestamp), so
 drivers on different machines need clocks within a fraction of `timeout`.
+
+Where the heartbeats run. By default a thread of the driver refreshes its leases. Given a
+`keeper_prefix` (the executor passes its prefix when the tree is on local disk), they are
+refreshed by a process of their own (`executor.lease_keeper`): light steps run in the
+driver's threads, and a step that holds the GIL past the timeout would otherwise starve its
+own heartbeat and be taken over while it still runs. The keeper kills the driver if one of
+its leases is taken over anyway (the driver was paused past the timeout), so that the step
+cannot write into an output another driver owns. Confirming and releasing a young lease
+stay local (the keeper refreshes a lease only once it is a heartbeat interval old); for an
+older one the driver asks the keeper, which holds the lease's current bytes.
 """
 
 from __future__ import annotations
@@ -62,6 +72,12 @@ class LeaseConfig:
     poll_interval: float = 5.0
     """Seconds between checks while waiting for a step another driver is running."""
 
+    heartbeat_process: bool = True
+    """Refresh leases from a keeper process of their own (`executor.lease_keeper`), which
+    kills the driver if one of its leases is taken over while a step runs in it. False: from
+    a thread of the driver, which a step holding the GIL can starve, and which can only mark
+    such a step lost, not stop it (tests that stage a takeover inside their own process)."""
+
     ENV_VARS: ClassVar[dict[str, str]] = {
         "timeout": "MARIN_LEASE_TIMEOUT",
         "heartbeat_interval": "MARIN_LEASE_HEARTBEAT",
@@ -70,6 +86,8 @@ class LeaseConfig:
     """The environment variables `from_env` reads, by field."""
 
     def __post_init__(self):
+        if not isinstance(self.heartbeat_process, bool):
+            raise ValueError(f"heartbeat_process must be True or False, got {self.heartbeat_process!r}")
         _check_timing(
             {name: getattr(self, name) for name in self.ENV_VARS}, {name: name for name in self.ENV_VARS}
         )
@@ -164,8 +182,12 @@ class LeaseManager:
         config: LeaseConfig,
         worker_id: str,
         on_lost: Callable[[str], None] = lambda output_path: None,
+        keeper_prefix: str | None = None,
     ):
+        """`keeper_prefix`: refresh leases from a keeper process that opens this prefix's
+        store (see the module docstring), not from a thread of this process."""
         self.store = store
+        self.keeper_prefix = keeper_prefix
         self.config = config
         self.worker_id = worker_id
         self.on_lost = on_lost
@@ -213,7 +235,7 @@ class LeaseManager:
                     self._held[output_path] = mine
                     self._written[output_path] = sampled
                     self._lost.discard(output_path)
-                self._ensure_thread()
+                self._keep(output_path, mine)
                 if record is not None:
                     logger.warning(
                         "took over the stale lease on %s from %s (last heartbeat %.0fs ago)",
@@ -231,10 +253,16 @@ class LeaseManager:
                 previous = self._held.get(output_path)
             if previous is None:
                 return False
-            record = LeaseRecord.parse(previous)
-            now, sampled = time.time(), time.monotonic()
-            mine = self._record(now, acquired=record.acquired if record else now)
-            if self.store.compare_and_swap(lease_path(output_path), previous, mine):
+            sampled = time.monotonic()
+            if self.keeper_prefix is not None:
+                mine = self._ask_keeper("refresh", output_path)
+            else:
+                record = LeaseRecord.parse(previous)
+                now = time.time()
+                mine = self._record(now, acquired=record.acquired if record else now)
+                if not self.store.compare_and_swap(lease_path(output_path), previous, mine):
+                    mine = None
+            if mine is not None:
                 with self._lock:
                     self._held[output_path] = mine
                     self._written[output_path] = sampled
@@ -263,9 +291,13 @@ class LeaseManager:
         """Stop heartbeating our lease on `output_path` and return its exact bytes, for the
         process that will run the step to take over (`executor.backends.host`). None if we
         do not hold it (any more)."""
-        with self._swap_lock(output_path), self._lock:
-            self._written.pop(output_path, None)
-            return self._held.pop(output_path, None)
+        with self._swap_lock(output_path):
+            with self._lock:
+                self._written.pop(output_path, None)
+                mine = self._held.pop(output_path, None)
+            if mine is None or self.keeper_prefix is None:
+                return mine
+            return self._ask_keeper("hand_over", output_path)  # its bytes are the current ones
 
     def reclaim(self, output_path: str) -> bool:
         """Take the lease back from a step host of ours that is gone (its process or node was
@@ -285,7 +317,7 @@ class LeaseManager:
             self._held[output_path] = mine
             self._written[output_path] = sampled
             self._lost.discard(output_path)
-        self._ensure_thread()
+        self._keep(output_path, mine)
         return True
 
     def holds(self, output_path: str) -> bool:
@@ -303,10 +335,25 @@ class LeaseManager:
                 written = self._written.pop(output_path, -math.inf)
             if mine is None:
                 return
+            path = lease_path(output_path)
             if self._young(written):
-                self.store.delete(lease_path(output_path))  # nobody else can hold it (module docstring)
-            elif not self.store.compare_and_swap(lease_path(output_path), mine, None):
+                if self.keeper_prefix is not None:
+                    self._tell_keeper("drop", path)  # before the delete: see executor.lease_keeper
+                self.store.delete(path)  # nobody else can hold it (module docstring)
+                return
+            if self.keeper_prefix is not None:
+                released = self._ask_keeper("release", output_path) is not None
+            else:
+                released = self.store.compare_and_swap(path, mine, None)
+            if not released:
                 logger.warning("lease on %s was no longer ours at release", output_path)
+
+    def start(self) -> None:
+        """Start the keeper process now, if it is not running yet (so that it is up before the
+        first lease is taken; it starts in tens of milliseconds and is shared by every run in
+        this process)."""
+        if self.keeper_prefix is not None:
+            self._keeper_client()
 
     def close(self) -> None:
         self._stop.set()
@@ -314,6 +361,38 @@ class LeaseManager:
             self._thread.join(timeout=self.config.heartbeat_interval + 5)
 
     # -- internals ------------------------------------------------------------
+    def _keep(self, output_path: str, mine: bytes) -> None:
+        """Start heartbeating a lease just written: in our thread, or in the keeper."""
+        if self.keeper_prefix is None or not self._tell_keeper("hold", lease_path(output_path), mine):
+            self._ensure_thread()  # (no keeper: its failure is logged) heartbeats from our thread
+
+    def _keeper_client(self):
+        from executor.lease_keeper import shared_keeper
+
+        return shared_keeper(self.keeper_prefix)
+
+    def _tell_keeper(self, op: str, path: str, data: bytes | None = None) -> bool:
+        from executor.lease_keeper import KeeperGone
+
+        try:
+            interval = self.config.heartbeat_interval if op == "hold" else None
+            self._keeper_client().send(op, path, data, interval)
+            return True
+        except KeeperGone as error:
+            logger.error("could not reach the lease keeper: %s", error)
+            return False
+
+    def _ask_keeper(self, op: str, output_path: str) -> bytes | None:
+        """The keeper's answer to `op` on our lease: its current bytes, or None (not ours)."""
+        from executor.lease_keeper import KeeperGone
+
+        try:
+            ok, data = self._keeper_client().ask(op, lease_path(output_path))
+        except KeeperGone as error:
+            logger.error("the lease keeper is gone: %s; treating the lease on %s as lost", error, output_path)
+            return None
+        return data if ok and data is not None else (b"" if ok else None)
+
     def _young(self, written: float) -> bool:
         """Our last write (monotonic time) is too recent for anyone to have taken the lease over."""
         return time.monotonic() - written < self.config.heartbeat_interval

@@ -1,5 +1,6 @@
 """Leases: one driver per step, waiting drivers skip, dead drivers are taken over, lost leases never succeed."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -210,6 +211,9 @@ def test_a_killed_driver_is_taken_over_and_never_marked_successful_in_between(tm
 
 
 def test_a_driver_that_loses_its_lease_stops_waiting_and_does_not_mark_success(tmp_path, fast_leases):
+    """With heartbeats from a thread (the keeper process would stop this whole process: see
+    tests/executor/test_lease_keeper.py), a lost lease is reported and never marked SUCCESS."""
+    fast_leases = dataclasses.replace(fast_leases, heartbeat_process=False)
     started, release = threading.Event(), threading.Event()
 
     def slow(config):

@@ -459,7 +459,8 @@ def test_a_lost_lease_is_reported_with_its_kind_and_message(tmp_path):
         release.wait(30)
 
     s = step("contested", 1, fn=slow)
-    fast = LeaseConfig(heartbeat_interval=0.05, timeout=0.3, poll_interval=0.05)
+    # (heartbeats from a thread: the keeper process would stop this whole process)
+    fast = LeaseConfig(heartbeat_interval=0.05, timeout=0.3, poll_interval=0.05, heartbeat_process=False)
     executor = Executor(str(tmp_path), console=False, lease_config=fast)
     result = {}
 

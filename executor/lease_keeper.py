@@ -1,0 +1,312 @@
+"""The lease keeper: a driver's lease heartbeats, in a process of its own.
+
+Started by `shared_keeper()`: one per driver process, kept for the process's life and
+shared by every run in it. For trees on local disk; a tree on object storage keeps its
+heartbeats in a thread of the driver for now (the keeper would have to rebuild the driver's
+filesystem and credentials in another process).
+
+Light steps run in the driver's threads. If their leases were refreshed by a thread of the
+driver too, a step that holds Python's GIL longer than the lease timeout would starve its
+own heartbeat, another driver would take the step over, and the step would run twice. So
+the driver (`executor.lease.LeaseManager`, given a `keeper_prefix`) hands every lease it
+takes to this process, which shares no GIL with the steps.
+
+The driver talks to it over a pipe, one JSON object per line on its stdin:
+
+- `{"op": "hold", "path", "bytes", "interval"}`: keep this lease alive, refreshing it every
+  `interval` seconds; `bytes` is the lease exactly as the driver created it (latin-1). No
+  answer.
+- `{"op": "drop", "path"}`: forget it; the driver deletes the file itself (it does so only
+  while the lease is younger than the heartbeat interval, before the keeper's first refresh
+  of it). No answer.
+- `{"op": "refresh" | "release" | "hand_over", "path"}`: answered with one line on stdout,
+  `{"ok": bool, "bytes": str | null}`. `refresh`: swap the lease to a fresh heartbeat now
+  (the driver confirms a step that outlived a heartbeat interval); `release`: delete it if
+  it still holds our bytes; `hand_over`: stop keeping it and give its current bytes (a heavy
+  step's own process takes it over from there).
+
+Every `interval` seconds after it was last written, the keeper swaps each lease it holds
+from the exact bytes it wrote last to bytes with a fresh heartbeat. If a swap fails, another
+driver took the step over: unless the driver dropped that lease meanwhile, the keeper kills
+the driver at once (SIGKILL) -- the step runs in the driver, so this is the only way to stop
+it before it writes into an output another driver now owns -- and exits 3.
+
+A driver paused past the lease timeout (its process group stopped, the machine suspended)
+resumes together with its keeper. The keeper notices the gap in its own clock, checks every
+lease it holds at once, and kills the driver if one was taken over. The driver may run for
+the few milliseconds that takes; that window is what is left of the problem.
+
+The keeper exits when the driver closes the pipe -- the kernel does that when the driver
+dies, however it dies. The leases it held then go stale and are taken over after the
+timeout, as they would be if the driver had died. It starts in a few tens of milliseconds:
+it imports `executor.store` and the standard library, not the executor package (nor, for a
+local tree, the site packages).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+LOST_EXIT_CODE = 3
+
+
+class KeeperGone(RuntimeError):
+    """The keeper process is not there any more (it died, or was never started)."""
+
+
+class LeaseKeeper:
+    """The driver's end: starts the keeper process and talks to it."""
+
+    def __init__(self, prefix: str, kill_pid: int | None = None):
+        """`kill_pid`: the process to stop when a lease is taken over (default: this one)."""
+        package = os.path.dirname(os.path.abspath(__file__))
+        # The executor package's __init__ imports all of it (~0.1 s); the keeper needs only
+        # executor.store, so it registers the package without running its __init__.
+        bootstrap = (
+            "import sys, types; package = types.ModuleType('executor'); "
+            f"package.__path__ = [{package!r}]; sys.modules['executor'] = package; "
+            "from executor.lease_keeper import main; sys.exit(main(sys.argv[1]))"
+        )
+        spec = json.dumps({"prefix": prefix, "kill_pid": os.getpid() if kill_pid is None else kill_pid})
+        local = "://" not in prefix or prefix.startswith("file://")
+        self._process = subprocess.Popen(
+            [sys.executable, *(["-S"] if local else []), "-c", bootstrap, spec],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
+        self._lock = threading.Lock()  # one request (and its answer) at a time
+        self._ready = False
+
+    def send(self, op: str, path: str, data: bytes | None = None, interval: float | None = None) -> None:
+        """A message that needs no answer (hold, drop)."""
+        message: dict = {"op": op, "path": path}
+        if data is not None:
+            message["bytes"] = data.decode("latin-1")
+        if interval is not None:
+            message["interval"] = interval
+        with self._lock:
+            self._await_ready()
+            self._write(message)
+
+    def ask(self, op: str, path: str) -> tuple[bool, bytes | None]:
+        """A request and its answer: (ok, the lease's bytes as the keeper last wrote them)."""
+        with self._lock:
+            self._await_ready()
+            self._write({"op": op, "path": path})
+            line = self._process.stdout.readline()
+        if not line:
+            raise KeeperGone(f"the lease keeper (pid {self._process.pid}) exited: {self._process.poll()}")
+        answer = json.loads(line)
+        data = answer.get("bytes")
+        return bool(answer.get("ok")), None if data is None else data.encode("latin-1")
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._process.wait(timeout)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        with contextlib.suppress(OSError):
+            self._process.stdout.close()
+
+    def _await_ready(self) -> None:
+        """The first message waits for the keeper to say it is up (it has opened its store): a
+        lease is never handed to a keeper that cannot keep it."""
+        if self._ready:
+            return
+        line = self._process.stdout.readline()
+        if line != b"ready\n":
+            self._process.wait()
+            raise KeeperGone(f"the lease keeper did not start (exit code {self._process.returncode})")
+        self._ready = True
+
+    def _write(self, message: dict) -> None:
+        try:
+            self._process.stdin.write(json.dumps(message).encode() + b"\n")
+        except (BrokenPipeError, ValueError) as error:  # (ValueError: the pipe was closed)
+            raise KeeperGone(f"the lease keeper (pid {self._process.pid}) is gone: {error}") from None
+
+
+_KEEPERS: dict[str, LeaseKeeper] = {}
+_KEEPERS_LOCK = threading.Lock()
+
+
+def shared_keeper(prefix: str) -> LeaseKeeper:
+    """This process's keeper for the kind of storage `prefix` is on (started on first use,
+    and again if it died). Any prefix of that storage will do: leases are named by full path."""
+    kind = prefix.split("://", 1)[0] if "://" in prefix else "file"
+    with _KEEPERS_LOCK:
+        keeper = _KEEPERS.get(kind)
+        if keeper is None or not keeper.alive():
+            keeper = _KEEPERS[kind] = LeaseKeeper(prefix)
+        return keeper
+
+
+# -- the keeper process ------------------------------------------------------------------------
+
+
+class _Keeper:
+    def __init__(self, store, kill_pid: int):
+        self.store = store
+        self.kill_pid = kill_pid
+        self.held: dict[str, bytes] = {}  # lease path -> the bytes we wrote last
+        self.interval: dict[str, float] = {}  # lease path -> its heartbeat interval
+        self.due: dict[str, float] = {}  # lease path -> when to refresh it (monotonic)
+        self.refreshed: set[str] = set()  # leases we rewrote since the driver gave them to us
+        self.pending = b""
+
+    # messages
+    def read_messages(self, block_for: float | None) -> bool:
+        """Handle what the driver sent (waiting up to `block_for` s, None: until it writes);
+        False once the driver closed the pipe."""
+        ready, _, _ = select.select([0], [], [], None if block_for is None else max(0.0, block_for))
+        if not ready:
+            return True
+        data = os.read(0, 1 << 16)
+        if not data:
+            return False
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self.handle(json.loads(line))
+        return True
+
+    def drain(self) -> bool:
+        return self.read_messages(0.0)
+
+    def handle(self, message: dict) -> None:
+        op, path = message["op"], message["path"]
+        if op == "hold":
+            self.held[path] = message["bytes"].encode("latin-1")
+            self.interval[path] = float(message["interval"])
+            self.due[path] = time.monotonic() + self.interval[path]
+            self.refreshed.discard(path)
+        elif op == "drop":
+            mine = self.forget(path)
+            if mine is not None and path in self.refreshed:
+                # We refreshed it just as the driver deleted it (our swap recreated the file):
+                # delete what we wrote.
+                with contextlib.suppress(OSError):
+                    self.store.compare_and_swap(path, mine, None)
+            self.refreshed.discard(path)
+        elif op == "refresh":
+            ok = path in self.held and self.refresh(path)
+            self.answer(ok, self.held.get(path))
+        elif op == "release":
+            mine = self.forget(path)
+            self.refreshed.discard(path)
+            self.answer(mine is not None and self.store.compare_and_swap(path, mine, None), None)
+        elif op == "hand_over":
+            mine = self.forget(path)
+            self.refreshed.discard(path)
+            self.answer(mine is not None, mine)
+
+    def forget(self, path: str) -> bytes | None:
+        self.due.pop(path, None)
+        self.interval.pop(path, None)
+        return self.held.pop(path, None)
+
+    def answer(self, ok: bool, data: bytes | None) -> None:
+        line = json.dumps({"ok": ok, "bytes": None if data is None else data.decode("latin-1")})
+        os.write(1, line.encode() + b"\n")
+
+    # heartbeats
+    def refresh(self, path: str) -> bool:
+        """Swap the lease to a fresh heartbeat; False if someone else holds it now."""
+        previous = self.held[path]
+        try:
+            record = json.loads(previous)
+        except ValueError:
+            record = {}
+        # The bytes `executor.tree.LeaseRecord.to_bytes` writes: key-sorted JSON.
+        record["heartbeat"] = time.time()
+        new = json.dumps(record, sort_keys=True).encode("utf-8")
+        due = time.monotonic() + self.interval[path]
+        if not self.store.compare_and_swap(path, previous, new):
+            return False
+        self.held[path] = new
+        self.due[path] = due
+        self.refreshed.add(path)
+        return True
+
+    def refresh_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        for path in [p for p, due in self.due.items() if everything or due <= now]:
+            if path not in self.held:
+                continue  # dropped by a message handled meanwhile
+            try:
+                if self.refresh(path):
+                    continue
+            except OSError as error:  # storage hiccup: try again soon, until the lease times out
+                print(f"lease keeper: heartbeat for {path} failed: {error}", file=sys.stderr, flush=True)
+                self.due[path] = time.monotonic() + min(1.0, self.interval[path])
+                continue
+            self.drain()  # the driver may have dropped it (and deleted the file) just now
+            if path in self.held:
+                self.lost(path)
+
+    def lost(self, path: str) -> None:
+        print(
+            f"lease keeper: the lease {path} was taken over by another driver while this driver "
+            "held it (was the driver paused?); stopping this driver so that the step cannot write "
+            "into an output another driver owns now",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(OSError):
+            os.kill(self.kill_pid, signal.SIGKILL)
+        sys.exit(LOST_EXIT_CODE)
+
+    def run(self) -> int:
+        last_mono, last_wall = time.monotonic(), time.time()
+        while True:
+            now = time.monotonic()
+            # While it holds leases it wakes at least every 0.1 s (to notice a pause); idle, it
+            # sleeps until the driver writes.
+            waits = [due - now for due in self.due.values()]
+            wait = min([0.1, *waits]) if waits else None
+            if not self.read_messages(wait):
+                return 0
+            mono, wall = time.monotonic(), time.time()
+            # We did not run for a while (the process group was stopped, the machine slept):
+            # every lease may have been taken over meanwhile, so check them all now.
+            shortest = min(self.interval.values(), default=1.0)
+            paused = self.held and max(mono - last_mono, wall - last_wall) > max(shortest, 1.0)
+            last_mono, last_wall = mono, wall
+            self.refresh_due(everything=bool(paused))
+
+
+def main(spec_json: str) -> int:
+    spec = json.loads(spec_json)
+    from executor.store import open_store
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the driver, which then closes the pipe
+    try:
+        store = open_store(spec["prefix"])
+    except Exception as error:  # the driver falls back to heartbeats from a thread
+        print(f"lease keeper: cannot open {spec['prefix']}: {error}", file=sys.stderr, flush=True)
+        return 2
+    os.write(1, b"ready\n")
+    return _Keeper(store, int(spec["kill_pid"])).run()

@@ -1,0 +1,302 @@
+"""The lease keeper: light steps' heartbeats in a process of their own (issue 10, fencing).
+
+Two faults from a red-team run, reproduced with real driver processes on local disk:
+
+- a step that holds the GIL longer than the lease timeout starved the heartbeat thread of
+  its own driver, a second driver took the lease, and the step ran twice;
+- a driver paused past the timeout, then resumed, went on writing into an output another
+  driver had already marked SUCCESS.
+
+With the keeper, the first cannot happen (the heartbeat shares no GIL with the step), and in
+the second the resumed driver is killed. The same scenarios with heartbeats from a thread
+(`heartbeat_process=False`) show the faults, so the tests would catch the keeper's loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from executor import Executor, ExecutorStep, lease_keeper, this_output_path, versioned
+from executor.lease_keeper import LeaseKeeper, shared_keeper
+from executor.store import LocalStore
+from executor.tree import LeaseRecord, Status, lease_path, read_status
+from tests.executor.steps_for_tests import WriteConfig, write_value
+from tests.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+DRIVER = """
+import os, sys, time
+from dataclasses import dataclass
+from executor import Executor, ExecutorStep, LeaseConfig, this_output_path, versioned
+
+@dataclass(frozen=True)
+class Config:
+    output_path: str
+    work: str = versioned("w")
+
+def step_body(config):
+    scratch = os.environ["SCRATCH"]
+    with open(os.path.join(scratch, "calls"), "a") as handle:
+        handle.write(os.environ["ROLE"] + "\\n")
+    open(os.path.join(scratch, "started-" + os.environ["ROLE"]), "w").close()
+    mode = os.environ["MODE"]
+    if mode == "hold_gil":
+        sum(range(int(os.environ["GIL_LOOPS"])))  # one C call: holds the GIL throughout
+    elif mode == "keep_writing":
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            with open(os.path.join(scratch, "writes"), "a") as handle:
+                handle.write(f"{os.environ['ROLE']} {time.time()}\\n")
+            time.sleep(0.02)
+
+config = LeaseConfig(heartbeat_interval=0.1, timeout=0.8, poll_interval=0.05,
+                     heartbeat_process=os.environ["KEEPER"] == "1")
+step = ExecutorStep(name="guarded", fn=step_body, config=Config(output_path=this_output_path()))
+Executor(os.environ["PREFIX"], console=False, lease_config=config).run([step])
+"""
+
+
+def start_driver(tmp_path: Path, role: str, mode: str, keeper: bool, **env: str) -> subprocess.Popen:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "PREFIX": str(tmp_path / "out"),
+        "SCRATCH": str(tmp_path),
+        "ROLE": role,
+        "MODE": mode,
+        "KEEPER": "1" if keeper else "0",
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, str(script)],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the driver and its keeper
+    )
+
+
+def wait_started(driver: subprocess.Popen, tmp_path: Path, role: str) -> None:
+    def started() -> bool:
+        if driver.poll() is not None:
+            raise AssertionError(f"driver {role} exited ({driver.returncode}):\n{driver.stderr.read()}")
+        return (tmp_path / f"started-{role}").exists()
+
+    wait_for(started, timeout=60)
+
+
+def calls(tmp_path: Path) -> list[str]:
+    path = tmp_path / "calls"
+    return path.read_text().split() if path.exists() else []
+
+
+def output_dir(tmp_path: Path) -> str:
+    (directory,) = [p for p in (tmp_path / "out").iterdir() if p.name.startswith("guarded-")]
+    return str(directory)
+
+
+def gil_loops_for(seconds: float) -> int:
+    """How many `sum(range(n))` iterations take about `seconds` here."""
+    start = time.perf_counter()
+    sum(range(2_000_000))
+    per_loop = (time.perf_counter() - start) / 2_000_000
+    return int(seconds / per_loop)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("keeper", "runs"), [(True, ["a"]), (False, ["a", "b"])])
+def test_a_step_holding_the_gil_past_the_timeout_runs_once_only_with_the_keeper(tmp_path, keeper, runs):
+    loops = str(gil_loops_for(3.0))  # well past the 0.8 s timeout
+    first = start_driver(tmp_path, "a", "hold_gil", keeper, GIL_LOOPS=loops)
+    wait_started(first, tmp_path, "a")
+    second = start_driver(tmp_path, "b", "none", keeper)
+    _, second_err = second.communicate(timeout=120)
+    assert second.returncode == 0, second_err
+    _, first_err = first.communicate(timeout=120)
+    # With heartbeats from a thread, the GIL-holding step starved them, the second driver took
+    # the stale lease over and ran the step again (the first then found its lease lost): the
+    # fault the keeper removes.
+    assert calls(tmp_path) == runs
+    if keeper:
+        assert first.returncode == 0, first_err
+    else:
+        assert first.returncode == 1 and "lease_lost" in first_err
+    statuses = [event.status for event in read_status(LocalStore(), output_dir(tmp_path))]
+    assert statuses[-1] == Status.SUCCESS
+
+
+@pytest.mark.slow
+def test_a_driver_paused_past_the_timeout_is_killed_when_it_resumes(tmp_path):
+    first = start_driver(tmp_path, "a", "keep_writing", keeper=True)
+    try:
+        wait_started(first, tmp_path, "a")
+        wait_for(lambda: (tmp_path / "writes").exists(), timeout=10)
+        os.killpg(first.pid, signal.SIGSTOP)  # the driver and its keeper, as Ctrl-Z would
+        time.sleep(1.5)  # past the 0.8 s timeout
+        second = start_driver(tmp_path, "b", "none", keeper=True)
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 0, err
+        output = output_dir(tmp_path)
+        after_takeover = read_status(LocalStore(), output)
+        assert after_takeover[-1].status == Status.SUCCESS
+        os.killpg(first.pid, signal.SIGCONT)
+        _, err = first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert first.returncode == -signal.SIGKILL
+    assert "was taken over by another driver while this driver held it" in err
+    # The paused driver never wrote its status over the one that took the step over.
+    assert read_status(LocalStore(), output) == after_takeover
+    assert calls(tmp_path) == ["a", "b"]
+
+
+@pytest.mark.slow
+def test_a_driver_paused_alone_keeps_its_lease_through_its_keeper(tmp_path):
+    first = start_driver(tmp_path, "a", "keep_writing", keeper=True)
+    second = None
+    try:
+        wait_started(first, tmp_path, "a")
+        os.kill(first.pid, signal.SIGSTOP)  # the driver only: its keeper goes on
+        second = start_driver(tmp_path, "b", "none", keeper=True)
+        time.sleep(2.0)  # more than twice the timeout: the lease stays alive all along
+        assert calls(tmp_path) == ["a"]
+        record = LeaseRecord.parse(LocalStore().read_bytes(lease_path(output_dir(tmp_path))))
+        assert record is not None and time.time() - record.heartbeat < 0.8
+    finally:
+        os.kill(first.pid, signal.SIGKILL)  # (its step would write for 20 s)
+        first.wait()
+        if second is not None:
+            second.kill()
+            second.wait()
+
+
+# -- the keeper process itself ----------------------------------------------------------------
+
+
+def lease(worker: str = "w") -> bytes:
+    now = time.time()
+    return LeaseRecord(worker=worker, heartbeat=now, acquired=now, host="h", pid=1).to_bytes()
+
+
+@pytest.fixture
+def keeper_and_root(tmp_path):
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    keeper = LeaseKeeper(str(tmp_path), kill_pid=victim.pid)
+    yield keeper, tmp_path, victim
+    keeper.close()
+    victim.kill()
+    victim.wait()
+
+
+def test_the_keeper_refreshes_a_held_lease_keeping_who_holds_it(keeper_and_root):
+    keeper, root, _ = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    first = lease()
+    store.write_atomic(path, first)
+    keeper.send("hold", path, first, interval=0.05)
+    wait_for(lambda: store.read_bytes(path) != first, timeout=10)
+    before, after = LeaseRecord.parse(first), LeaseRecord.parse(store.read_bytes(path))
+    assert after.heartbeat > before.heartbeat
+    assert (after.worker, after.acquired, after.host, after.pid) == (
+        before.worker,
+        before.acquired,
+        before.host,
+        before.pid,
+    )
+    assert json.loads(store.read_bytes(path)) == json.loads(after.to_bytes())
+
+
+def test_refresh_release_and_hand_over_answer_with_the_current_bytes(keeper_and_root):
+    keeper, root, _ = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    store.write_atomic(path, lease())
+    keeper.send("hold", path, store.read_bytes(path), interval=30)
+    ok, data = keeper.ask("refresh", path)
+    assert ok and data == store.read_bytes(path)
+    ok, handed = keeper.ask("hand_over", path)
+    assert ok and handed == data and store.read_bytes(path) == data  # handed over, not deleted
+    assert keeper.ask("refresh", path) == (False, None)  # not kept any more
+    keeper.send("hold", path, data, interval=30)
+    assert keeper.ask("release", path) == (True, None)
+    assert store.read_bytes(path) is None
+    assert keeper.ask("release", path) == (False, None)
+
+
+def test_a_dropped_lease_is_no_longer_refreshed(keeper_and_root):
+    keeper, root, victim = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease()
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=0.2)
+    keeper.send("drop", path)  # the driver then deletes the file itself
+    store.delete(path)
+    time.sleep(0.5)
+    assert store.read_bytes(path) is None  # the keeper did not bring it back...
+    assert victim.poll() is None and keeper.alive()  # ...nor take the missing file for a takeover
+
+
+def test_a_dropped_lease_the_keeper_had_refreshed_is_deleted_by_the_keeper(keeper_and_root):
+    keeper, root, _ = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease()
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=0.05)
+    wait_for(lambda: store.read_bytes(path) != mine, timeout=10)
+    keeper.send("drop", path)
+    wait_for(lambda: store.read_bytes(path) is None, timeout=10)
+
+
+def test_a_lease_taken_over_makes_the_keeper_kill_its_driver(keeper_and_root):
+    keeper, root, victim = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease()
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=0.05)
+    store.write_atomic(path, lease("thief"))
+    assert victim.wait(timeout=10) == -signal.SIGKILL
+    assert keeper.wait(timeout=10) == 3
+    assert LeaseRecord.parse(store.read_bytes(path)).worker == "thief"
+
+
+def test_the_keeper_exits_when_its_driver_closes_the_pipe(tmp_path):
+    keeper = LeaseKeeper(str(tmp_path))
+    keeper.send("hold", f"{tmp_path}/x/.executor_status.lock", lease(), interval=30)
+    keeper.close()
+    assert keeper.wait(timeout=10) == 0
+
+
+def test_runs_in_one_process_share_one_keeper_and_a_tree_in_memory_uses_none(tmp_path):
+    steps = [
+        ExecutorStep(
+            name=f"s{i}",
+            fn=write_value,
+            config=WriteConfig(output_path=this_output_path(), value=versioned(i)),
+        )
+        for i in range(2)
+    ]
+    Executor(str(tmp_path / "a"), console=False).run(steps[:1])
+    keeper = shared_keeper(str(tmp_path))
+    Executor(str(tmp_path / "b"), console=False).run(steps[1:])
+    assert shared_keeper(str(tmp_path / "b")) is keeper and keeper.alive()
+    Executor("memory://keeper-test", console=False).run(steps)
+    assert set(lease_keeper._KEEPERS) == {"file"}  # none for a tree only this process can see
+    assert shared_keeper(str(tmp_path)) is keeper
