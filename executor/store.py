@@ -425,8 +425,13 @@ def open_store(prefix: str) -> Store:
         return MemoryStore()
     import fsspec
 
+    options = {}
+    if protocol in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
+        # An emulator takes no credentials (as Google's own clients assume): without this
+        # gcsfs would try the machine's real ones (and the metadata server) first.
+        options["token"] = "anon"
     try:
-        fs, _ = fsspec.core.url_to_fs(prefix)
+        fs, _ = fsspec.core.url_to_fs(prefix, **options)
     except (ImportError, ValueError) as error:
         raise StoreError(
             f"no filesystem for {prefix!r}: {error}. Install the fsspec backend for {protocol}:// "

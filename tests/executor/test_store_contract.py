@@ -1,4 +1,4 @@
-"""One contract, every store backend (local disk and memory:// here; S3 and GCS join later)."""
+"""One contract, every store backend: local disk, memory://, S3 (SeaweedFS) and GCS (fake-gcs-server)."""
 
 import os
 import threading
@@ -9,16 +9,19 @@ import pytest
 from executor.store import LocalStore, StoreError, normalize_prefix, open_store
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
+@pytest.fixture(params=["local", "memory", "s3", "gs"])
 def store_and_root(request, tmp_path):
-    """The same contract over local disk, memory:// and a real S3 server on 127.0.0.1."""
+    """The same contract over local disk, memory:// and real S3 and GCS servers on 127.0.0.1."""
     if request.param == "local":
         root = str(tmp_path / "prefix")
     elif request.param == "memory":
         root = f"memory://contract-{uuid.uuid4().hex}"
-    else:
+    elif request.param == "s3":
         request.getfixturevalue("s3_env")  # endpoint + credentials for option-less clients
         root = request.getfixturevalue("s3_prefix")
+    else:
+        request.getfixturevalue("gcs_env")  # STORAGE_EMULATOR_HOST for option-less clients
+        root = request.getfixturevalue("gcs_prefix")
     return open_store(root), root
 
 
@@ -105,7 +108,7 @@ def test_compare_and_swap_to_none_deletes(store_and_root):
 
 def test_compare_and_swap_has_exactly_one_winner_among_racing_threads(store_and_root):
     store, root = store_and_root
-    if store.protocol == "s3":
+    if store.protocol in ("s3", "gs"):
         pytest.skip(
             "CAS on object stores is read-compare-write until conditional writes land (docs/executor.md)"
         )

