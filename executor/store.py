@@ -19,9 +19,9 @@ The interface is deliberately small:
   Leases are built on it. It is atomic on local disk (an flock on the directory
   serialises the read-compare-write between processes and threads; creating an absent
   file is one `O_CREAT|O_EXCL` open and one `write()` under that lock) and in memory
-  (a process lock). On object stores it is a read-compare-write with a small race
-  window: conditional writes (S3 `If-None-Match`, GCS generation preconditions) are
-  the way to close it and belong here when a backend needs them.
+  (a process lock) and on GCS (`GCSStore`: the write carries the generation read,
+  `ifGenerationMatch`, and the server refuses it if the object changed since). On
+  other object stores (S3) it is a read-compare-write with a small race window.
 
 Local disk uses `os` calls only and never imports fsspec (its import costs more than a
 fully cached re-run of a 1,000-step experiment); `LocalStore.fs` loads fsspec's local
@@ -412,6 +412,75 @@ class MemoryStore(Store):
             return super().read_bytes(path)
 
 
+class GCSStore(Store):
+    """`gs://` through gcsfs; compare-and-swap by generation preconditions, so it is atomic.
+
+    Every GCS object has a generation that changes on each write. One GET returns the
+    bytes and their generation (`X-Goog-Generation`); the write that follows carries
+    `ifGenerationMatch`: 0 to create only if absent, the generation read to replace or
+    delete only what was read. The server refuses a write whose precondition no longer
+    holds (HTTP 412, which gcsfs raises as FileExistsError): that caller lost the race.
+
+    Two limits, both on the safe side for leases: if a write's answer is lost and gcsfs
+    retries it, the retry meets its own write and reads as a lost race (the lease then
+    waits out its timeout); and fake-gcs-server (1.54) ignores preconditions on DELETE, so
+    against the emulator a release that races a takeover is still read-compare-delete.
+    """
+
+    def _generation_of(self, path: str) -> tuple[bytes | None, str | None]:
+        """The object's bytes and generation from one GET; (None, None) when it is absent."""
+        try:
+            headers, data = self.fs.call("GET", self.fs.url(path))
+        except FileNotFoundError:
+            return None, None
+        generation = headers.get("X-Goog-Generation")
+        if generation is None:
+            raise StoreError(f"GCS gave no generation for {path}: cannot swap it safely")
+        return data, generation
+
+    def _upload_if_generation(self, path: str, data: bytes, generation: str) -> None:
+        """One multipart upload (metadata, then data) that only lands if the generation matches."""
+        import json
+        from urllib.parse import quote
+
+        bucket, key, _ = self.fs.split_path(path)
+        boundary = _random_hex()
+        body = b"".join(
+            (
+                f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
+                json.dumps({"name": key}).encode(),
+                f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
+                data,
+                f"\r\n--{boundary}--".encode(),
+            )
+        )
+        self.fs.call(
+            "POST",
+            f"{self.fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
+            uploadType="multipart",
+            ifGenerationMatch=generation,
+            headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+            data=body,
+            json_out=True,
+        )
+
+    def compare_and_swap(self, path: str, expected: bytes | str | None, new: bytes | str | None) -> bool:
+        current, generation = self._generation_of(path)
+        if current != (None if expected is None else _to_bytes(expected)):
+            return False
+        try:
+            if new is not None:
+                self._upload_if_generation(path, _to_bytes(new), generation or "0")
+            elif generation is not None:
+                bucket, key, _ = self.fs.split_path(path)
+                self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=generation)
+        except (FileExistsError, FileNotFoundError):  # 412: changed since the read; 404: deleted
+            return False
+        finally:
+            self.fs.invalidate_cache(self.fs._parent(path))
+        return True
+
+
 def is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
@@ -437,7 +506,7 @@ def open_store(prefix: str) -> Store:
             f"no filesystem for {prefix!r}: {error}. Install the fsspec backend for {protocol}:// "
             "(s3fs for s3://, gcsfs for gs://)"
         ) from error
-    return Store(fs, protocol)
+    return GCSStore(fs, protocol) if protocol in ("gs", "gcs") else Store(fs, protocol)
 
 
 def normalize_prefix(prefix: str) -> str:
