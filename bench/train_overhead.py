@@ -2,15 +2,24 @@
 
     .venv/bin/python bench/train_overhead.py [--model llama_nano] [--batch 8] [--seq-len N]
         [--steps 300] [--skip 20] [--pairs 6] [--cpus 0,1] [--concurrent] [--peak-tflops T] [--out DIR]
+        [--data DIR] [--bare-only] [--attention B] [--flash-block-size N] [--remat P]
 
 A tokenized dataset is built once (the tests' code-like corpus, a 400-token BPE tokenizer,
-a Levanter cache; more documents when a batch of long sequences needs them). Then the same
+a Levanter cache; more documents when a batch of long sequences needs them; `--data DIR`
+keeps it in DIR and reuses it when DIR already holds one). Then the same
 `operations.train.TrainConfig` (`--model` from `marin.models.MODELS`, tracker "none", seed 0,
 eval and checkpoints only at the end) is trained in fresh processes, two kinds:
 
 - bare: `levanter.main.train_lm.main(operations.train.levanter_config(config))`, nothing else;
 - executor: an `ExecutorStep` wrapping `operations.train.train`, run by
   `executor.Executor(prefix, console=False).run([step])`.
+
+`--attention`, `--flash-block-size` and `--remat` set the TrainConfig's attention backend,
+flash block size and gradient checkpointing (speed and memory settings; Levanter's defaults
+otherwise). With `--bare-only` there are no executor runs and no ratio: `--pairs` bare runs
+measure throughput and MFU alone, and they skip the final checkpoint and the Hugging Face
+export (both come after the timed steps, so only the wall time changes). That is how the GPU
+figures of docs/gpu.md were taken for the largest model.
 
 Runs come in `--pairs` pairs, ordered ABBA (bare+executor, executor+bare, ...), so a slow
 spell or a drift in machine load hits both kinds alike. Every child can be pinned to the same
@@ -56,10 +65,15 @@ N = parameters that take part in a matmul (every parameter except the input embe
 the output head counts, tied or not), at the dataset's vocabulary; L layers, H query heads,
 Q head size (H * Q = hidden size), T training sequence length. The attention term is the
 non-causal count, as in PaLM. Peak FLOP/s: `--peak-tflops`, or by the JAX device kind the
-child reports: dense bf16 of H100 SXM 989, H100 PCIe 756, H200 989, A100 312 TFLOP/s; no
-entry (a CPU) prints n/a.
+child reports: dense bf16 of H100 SXM 989, H100 PCIe 756, H100 NVL 835, H200 989, A100 312
+TFLOP/s; no entry (a CPU) prints n/a.
 
-The last line is machine-readable: `train_overhead_ratio=R` (target >= 0.98).
+Devices: each child reports the JAX backend and device kind, and an executor run's
+`train` logs them ("train: JAX backend gpu, 1 x ...") and records them in stats.json; the
+result lines show both, so a GPU run shows it trained on the GPU.
+
+The last line is machine-readable: `train_overhead_ratio=R` (target >= 0.98); with
+`--bare-only`, `tokens_per_second=T mfu=M`.
 """
 
 from __future__ import annotations
@@ -87,6 +101,7 @@ RATIO_TARGET = 0.98
 PEAK_TFLOPS = (
     # (substring of jax's device_kind, lower case; dense bf16 TFLOP/s). First match wins.
     ("h100 pcie", 756.0),
+    ("h100 nvl", 835.0),
     ("h100", 989.0),
     ("h200", 989.0),
     ("a100", 312.0),
@@ -139,19 +154,49 @@ def train_config(args: argparse.Namespace, output_path: str):
         ),
         output_path=output_path,
         tracker="none",
+        attention_backend=args.attention,
+        flash_attention_block_size=args.flash_block_size,
+        gradient_checkpointing=remat_policy(args.remat),
     )
+
+
+def remat_policy(value: str | None) -> bool | str:
+    """--remat's text as TrainConfig.gradient_checkpointing (true/false as booleans)."""
+    if value is None or value.lower() == "true":
+        return True
+    if value.lower() == "false":
+        return False
+    return value
+
+
+def without_saves(lm_config):
+    """Levanter's config with no final checkpoint and no Hugging Face export (--bare-only)."""
+    import dataclasses
+    import datetime
+
+    from levanter.checkpoint import CheckpointerConfig
+
+    checkpointer = CheckpointerConfig(
+        base_path=lm_config.trainer.checkpointer.base_path,
+        save_interval=datetime.timedelta(days=365),
+        keep=[],
+        append_run_id_to_base_path=False,
+    )
+    trainer = dataclasses.replace(lm_config.trainer, checkpointer=checkpointer)
+    return dataclasses.replace(lm_config, trainer=trainer, hf_save_path=None)
 
 
 def child(mode: str, args: argparse.Namespace) -> None:
     """Train once in this (fresh) process; the last line printed is a JSON object."""
-    import jax
+    from operations.train import describe_devices
 
     if mode == "bare":
         from levanter.main.train_lm import main
 
         from operations.train import levanter_config
 
-        main(levanter_config(train_config(args, args.output)))
+        lm_config = levanter_config(train_config(args, args.output))
+        main(without_saves(lm_config) if args.bare_only else lm_config)
         output = args.output
     else:
         from dataclasses import replace
@@ -166,8 +211,8 @@ def child(mode: str, args: argparse.Namespace) -> None:
         executor = Executor(args.output, console=False)
         executor.run([step])
         output = executor.output_paths[step]
-    device = jax.devices()[0]
-    print(json.dumps({"output": output, "backend": jax.default_backend(), "device_kind": device.device_kind}))
+    devices = describe_devices()
+    print(json.dumps({"output": output, "backend": devices["backend"], "device_kind": devices["kind"]}))
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -186,7 +231,17 @@ def start(mode: str, out: str, args: argparse.Namespace, cpus: set[int] | None) 
     command += ["--tokenized", args.tokenized, "--tokenizer", args.tokenizer, "--output", out]
     if args.seq_len:
         command += ["--seq-len", str(args.seq_len)]
-    env = {**os.environ, "PYTHONPATH": REPO}
+    for flag, value in (
+        ("--attention", args.attention),
+        ("--flash-block-size", args.flash_block_size),
+        ("--remat", args.remat),
+    ):
+        if value is not None:
+            command += [flag, str(value)]
+    if args.bare_only:
+        command += ["--bare-only"]
+    # The repository first, then whatever the caller's PYTHONPATH holds (e.g. extra packages).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
 
     def pin() -> None:
         if cpus:
@@ -216,6 +271,13 @@ def finish(launched: tuple, args: argparse.Namespace) -> dict:
     steady = [durations[s] for s in sorted(durations) if args.skip <= s < args.steps - 1]
     if len(steady) < 5:
         sys.exit(f"{mode}: only {len(steady)} steady steps; raise --steps or lower --skip")
+    logged = recorded = None
+    if mode == "executor":
+        # `train` logs the devices to the step's log and records them in stats.json.
+        with open(os.path.join(info["output"], ".executor_log"), errors="replace") as handle:
+            logged = next((line for line in handle if "train: JAX backend" in line), None)
+        with open(os.path.join(info["output"], "stats.json")) as handle:
+            recorded = json.load(handle).get("devices")
     gflops = [
         m["throughput/gflops_per_second"]
         for m in metrics
@@ -232,6 +294,8 @@ def finish(launched: tuple, args: argparse.Namespace) -> dict:
         "min_step_s": min(steady),
         "wall_s": wall,
         "levanter_gflops_per_s": statistics.median(gflops) if gflops else None,
+        "devices_logged": logged[logged.index("JAX backend") :].strip() if logged else None,
+        "devices_recorded": recorded,
         "steady_durations": steady,
     }
 
@@ -288,6 +352,20 @@ def main() -> None:
     )
     parser.add_argument("--documents", type=int, help="corpus documents (default: enough for the batch)")
     parser.add_argument("--out", help="keep everything here (default: a temporary directory, deleted)")
+    parser.add_argument("--data", help="build the dataset here, or reuse the one already here")
+    parser.add_argument(
+        "--bare-only",
+        action="store_true",
+        help="bare runs only (no ratio), without the final checkpoint and HF export: throughput and MFU",
+    )
+    parser.add_argument(
+        "--attention",
+        help="TrainConfig.attention_backend: jax_flash, vanilla, nvte, ... (default: Levanter's)",
+    )
+    parser.add_argument("--flash-block-size", type=int, help="TrainConfig.flash_attention_block_size")
+    parser.add_argument(
+        "--remat", help="TrainConfig.gradient_checkpointing: true (default), false, offload, recompute, ..."
+    )
     parser.add_argument("--child", choices=("bare", "executor"), help=argparse.SUPPRESS)
     parser.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--tokenized", help=argparse.SUPPRESS)
@@ -304,29 +382,36 @@ def main() -> None:
     seq_len = args.seq_len or spec.seq_len
     args.cpu_set = {int(c) for c in args.cpus.split(",")} if args.cpus else None
     root = args.out or tempfile.mkdtemp(prefix="train-overhead-")
+    os.makedirs(root, exist_ok=True)
     try:
         started = time.perf_counter()
-        documents = args.documents or documents_needed(args.batch, seq_len)
-        args.tokenized, args.tokenizer = build_data(os.path.join(root, "data"), documents)
+        data_root = args.data or os.path.join(root, "data")
+        if args.data and os.path.isfile(os.path.join(data_root, "tokenized", "stats.json")):
+            args.tokenized, args.tokenizer = (os.path.join(data_root, n) for n in ("tokenized", "tokenizer"))
+            made = f"reused from {data_root}"
+        else:
+            documents = args.documents or documents_needed(args.batch, seq_len)
+            args.tokenized, args.tokenizer = build_data(data_root, documents)
+            made = f"{documents} documents, built in {time.perf_counter() - started:.1f} s"
         with open(os.path.join(args.tokenized, "stats.json")) as handle:
             data_stats = json.load(handle)
         vocab_size = data_stats["levanter_preprocessor"]["vocab_size"]
         sequences = max(1, data_stats["train"]["tokens"] // seq_len)
         args.epochs = math.ceil(args.steps * args.batch / sequences) + 1
         print(
-            f"dataset: {documents} documents, {data_stats['train']['tokens']} training tokens, "
-            f"vocabulary {vocab_size}, built in {time.perf_counter() - started:.1f} s",
+            f"dataset: {data_stats['train']['tokens']} training tokens, vocabulary {vocab_size}, {made}",
             flush=True,
         )
-        runs: dict[str, list[dict]] = {"bare": [], "executor": []}
+        modes = ("bare",) if args.bare_only else ("bare", "executor")
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
         cpu_list = sorted(args.cpu_set or os.sched_getaffinity(0))
         if args.concurrent and len(cpu_list) < 2:
             sys.exit("--concurrent needs at least two CPUs")
         for pair in range(args.pairs):
             # ABBA: the order (or, run side by side, the CPU) alternates, so drift in machine
             # load or a busier CPU does not favour one side.
-            order = ("bare", "executor") if pair % 2 == 0 else ("executor", "bare")
-            if args.concurrent:
+            order = modes if pair % 2 == 0 else modes[::-1]
+            if args.concurrent and not args.bare_only:
                 launched = [
                     start(mode, os.path.join(root, f"{mode}-{pair}"), args, {cpu_list[i]})
                     for i, mode in enumerate(order)
@@ -359,19 +444,30 @@ def main() -> None:
         f"{'; pairs run side by side, one CPU each' if args.concurrent else ''}"
     )
     print(
-        f"model FLOPs per token {per_token:,} (6N + 12*L*H*Q*T); peak {f'{peak} TFLOP/s' if peak else 'n/a'}"
+        f"model FLOPs per token {per_token:,} (6N + 12*L*H*Q*T); peak {f'{peak} TFLOP/s' if peak else 'n/a'}; "
+        f"attention {args.attention or 'default'}, flash block {args.flash_block_size or 'default'}, "
+        f"remat {args.remat or 'true'}"
     )
-    print(f"medians over {args.pairs} runs each")
+    print(
+        f"medians over {args.pairs} runs each{'; bare only, no final checkpoint or export' if args.bare_only else ''}"
+    )
     print(f"{'run':<10}{'compile s':>11}{'step ms':>9}{'p10 ms':>8}{'tokens/s':>11}{'MFU':>8}{'wall s':>8}")
-    for mode in ("bare", "executor"):
+    mfus = {}
+    for mode in modes:
         step_s = statistics.median(r["step_s"] for r in runs[mode])
         tokens = tokens_per_step / step_s
-        mfu = f"{per_token * tokens / (peak * 1e12):.1%}" if peak else "n/a"
+        mfus[mode] = per_token * tokens / (peak * 1e12) if peak else None
+        mfu = f"{mfus[mode]:.1%}" if peak else "n/a"
         print(
             f"{mode:<10}{statistics.median(r['compile_s'] for r in runs[mode]):>11.2f}{step_s * 1000:>9.2f}"
             f"{statistics.median(r['p10_step_s'] for r in runs[mode]) * 1000:>8.2f}{tokens:>11,.0f}{mfu:>8}"
             f"{statistics.median(r['wall_s'] for r in runs[mode]):>8.1f}"
         )
+    if args.bare_only:
+        step_s = statistics.median(r["step_s"] for r in runs["bare"])
+        mfu = f"{mfus['bare']:.3f}" if peak else "n/a"
+        print(f"tokens_per_second={tokens_per_step / step_s:.0f} mfu={mfu}")
+        return
     pairs = list(zip(runs["bare"], runs["executor"], strict=True))
     median_ratios = [b["step_s"] / e["step_s"] for b, e in pairs]
     p10_ratios = [b["p10_step_s"] / e["p10_step_s"] for b, e in pairs]

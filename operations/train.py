@@ -43,6 +43,14 @@ Devices: before training starts, `train` logs at WARNING level which devices JAX
 GPU whose JAX has no CUDA it says so loudly: install the `gpu` extra (`pip install -e
 '.[gpu]'`, JAX with CUDA 12 at the pinned version) or training runs on the CPU.
 
+Clusters: `jax.distributed` must start before anything initialises a JAX backend, and this
+module asks JAX for its devices (the log line above, the precision) before Levanter's main
+would start it. So `initialize_distributed` starts it first, where JAX itself detects a
+cluster (TPU VMs, SLURM, ...), and Levanter is told not to. It also fixes a Levanter
+1.2.dev1644 misreading: Levanter takes an installed mpi4py for a cluster (JAX uses mpi4py
+only when asked to), so on a single machine that has mpi4py -- the lent H100 of
+docs/gpu.md -- its own start failed.
+
 JAX and Levanter are imported inside the functions: importing this module stays light.
 """
 
@@ -84,6 +92,10 @@ PER_PARAMETER = re.compile(r"^(grad|params|updates|opt_state)/(norm|rms)/")
 # How often metrics.jsonl is rewritten when the output is on an object store (no appends there).
 REMOTE_METRICS_SECONDS = 60.0
 LR_SCHEDULES = ("cosine", "linear", "constant", "inv_sqrt")
+# Levanter's AttentionBackend values (None: its default for the device).
+ATTENTION_BACKENDS = (None, "default", "nvte", "splash", "jax_flash", "vanilla")
+# Haliax's ScanCheckpointPolicy.from_bool_or_str choices.
+GRADIENT_CHECKPOINTING = (True, False, "offload", "recompute", "full", "save_all", "nested")
 
 
 @dataclass(frozen=True)
@@ -216,6 +228,21 @@ class TrainConfig:
     require_accelerator: bool = False
     """Fail instead of training on CPU when no GPU/TPU is found."""
 
+    attention_backend: str | None = None
+    """Levanter's attention implementation: "jax_flash" (blockwise, in plain JAX), "vanilla"
+    (the whole score matrix; XLA fuses it), "nvte" (Transformer Engine's fused kernel, when
+    installed) or "splash" (TPU); None: Levanter's default for the device (on a GPU that is
+    "nvte", which falls back to "jax_flash" with a warning when Transformer Engine is missing).
+    Speed and memory only, like the three fields below; not versioned."""
+
+    flash_attention_block_size: int | None = None
+    """Block size of the flash attention kernels; None: Levanter's (1024 for "jax_flash")."""
+
+    gradient_checkpointing: bool | str = True
+    """Activation rematerialisation across the layer stack (Haliax's `ScanCheckpointPolicy`):
+    True keeps each layer's input and recomputes the rest in the backward pass; False keeps
+    everything (no recomputation, most memory); or "offload", "recompute", "save_all", "nested"."""
+
 
 def wandb_mode() -> str:
     """Offline unless the user has configured W&B: `$WANDB_MODE` wins; an API key in
@@ -276,10 +303,31 @@ def train(config: TrainConfig) -> None:
     _write_train_stats(config, attempts=_attempts(config, resume_step, time.perf_counter() - started))
 
 
+def initialize_distributed() -> bool:
+    """Start `jax.distributed` (through Levanter's `DistributedConfig`) where JAX detects a cluster;
+    once per process, before the first JAX call of this module. Returns whether it is started."""
+    import jax
+    from jax._src import clusters
+
+    if jax.distributed.is_initialized():
+        return True
+    # JAX's own auto-detection (clusters.ClusterEnv.auto_detect_unset_distributed_params) skips
+    # the opt-in-only environments (mpi4py); Levanter's check does not.
+    if not any(
+        env.is_env_present() for env in clusters.ClusterEnv._cluster_types if not env.opt_in_only_method
+    ):
+        return False
+    from levanter.distributed import DistributedConfig
+
+    DistributedConfig().initialize()
+    return True
+
+
 def describe_devices() -> dict[str, Any]:
     """The devices JAX trains on: backend, device kind, count, and memory per device where known."""
     import jax
 
+    initialize_distributed()
     devices = jax.devices()
     memory = None
     try:
@@ -335,6 +383,16 @@ def _check(config: TrainConfig) -> None:
         raise ValueError(
             f"TrainConfig.tokenizer={config.tokenizer!r}: must be a local tokenizer directory "
             "(Levanter's HF export loads it from disk)"
+        )
+    if config.attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"TrainConfig.attention_backend={config.attention_backend!r}: one of "
+            f"{', '.join(str(b) for b in ATTENTION_BACKENDS)}"
+        )
+    if config.gradient_checkpointing not in GRADIENT_CHECKPOINTING:
+        raise ValueError(
+            f"TrainConfig.gradient_checkpointing={config.gradient_checkpointing!r}: one of "
+            f"{', '.join(repr(p) for p in GRADIENT_CHECKPOINTING)}"
         )
     if config.output_path.startswith("s3://"):
         # tensorstore writes s3:// checkpoints to a local folder named "s3:" without an error.
@@ -411,7 +469,7 @@ def levanter_config(config: TrainConfig) -> TrainLmConfig:
 
     import jax
     import jmp
-    from levanter.distributed import RayConfig
+    from levanter.distributed import DistributedConfig, RayConfig
     from levanter.main.train_lm import TrainLmConfig
     from levanter.optim import AdamConfig
     from levanter.tracker import NoopConfig
@@ -421,6 +479,7 @@ def levanter_config(config: TrainConfig) -> TrainLmConfig:
 
     from operations.tokenize import lm_data_config
 
+    initialize_distributed()  # before the first JAX call (jax.default_backend below)
     train = config.train
     output = _absolute(config.output_path)
     tokenizer = os.path.abspath(config.tokenizer.removeprefix("file://"))
@@ -428,7 +487,10 @@ def levanter_config(config: TrainConfig) -> TrainLmConfig:
     data = lm_data_config(config.tokenized_path, tokenizer)
     reference = _write_hf_reference(config, output, len(data.the_tokenizer))
     model = config.model.to_levanter(
-        seq_len=train.seq_len or config.model.seq_len, tokenizer=tokenizer, reference_checkpoint=reference
+        seq_len=train.seq_len or config.model.seq_len,
+        tokenizer=tokenizer,
+        reference_checkpoint=reference,
+        **_speed_overrides(config),
     )
 
     if config.tracker == "wandb":
@@ -461,6 +523,8 @@ def levanter_config(config: TrainConfig) -> TrainLmConfig:
         max_eval_batches=train.max_eval_batches,
         checkpointer=checkpointer,
         ray=RayConfig(auto_start_cluster=False),  # the caches are built; nothing here needs Ray
+        # Started (or found unnecessary) by initialize_distributed, before JAX was first used.
+        distributed=DistributedConfig(initialize_jax_distributed=False),
         require_accelerator=config.require_accelerator,
         log_jaxprs=False,
         log_xla_hlo=False,
@@ -481,6 +545,20 @@ def levanter_config(config: TrainConfig) -> TrainLmConfig:
         hf_save_steps=train.steps_per_export or train.num_train_steps,
         epoch=train.epochs,
     )
+
+
+def _speed_overrides(config: TrainConfig) -> dict[str, Any]:
+    """LlamaConfig fields for the attention and rematerialisation settings that differ from Levanter's defaults."""
+    overrides: dict[str, Any] = {}
+    if config.attention_backend is not None:
+        from levanter.layers.attention import AttentionBackend
+
+        overrides["attn_backend"] = AttentionBackend(config.attention_backend)
+    if config.flash_attention_block_size is not None:
+        overrides["flash_attention_block_size"] = config.flash_attention_block_size
+    if config.gradient_checkpointing is not True:
+        overrides["gradient_checkpointing"] = config.gradient_checkpointing
+    return overrides
 
 
 @contextlib.contextmanager

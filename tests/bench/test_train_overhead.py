@@ -55,6 +55,7 @@ def test_flops_per_token_formula(bench):
 def test_peak_lookup(bench):
     assert bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert bench.peak_tflops("NVIDIA H100 NVL") == 835.0
     assert bench.peak_tflops("NVIDIA H200") == 989.0
     assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
     assert bench.peak_tflops("cpu") is None
@@ -71,3 +72,9 @@ def test_estimators(bench):
     assert bench.verdict(0.90, 0.97, pairs=6) == "not met"
     assert bench.verdict(0.95, 1.02, pairs=6).startswith("undecided")
     assert bench.verdict(0.99, 1.02, pairs=2).startswith("undecided")
+
+
+def test_remat_flag_maps_to_gradient_checkpointing(bench):
+    assert bench.remat_policy(None) is True
+    assert bench.remat_policy("true") is True and bench.remat_policy("False") is False
+    assert bench.remat_policy("offload") == "offload"

@@ -65,6 +65,8 @@ def test_config_is_frozen_picklable_and_run_id_is_stable(tmp_path):
         ({"tracker": "tensorboard"}, "tracker"),
         ({"tokenizer": "gpt2"}, "local tokenizer directory"),
         ({"output_path": "s3://bucket/run"}, "s3://"),
+        ({"attention_backend": "flash"}, "attention_backend"),
+        ({"gradient_checkpointing": "sometimes"}, "gradient_checkpointing"),
     ],
 )
 def test_bad_settings_are_rejected_with_the_field_named(tmp_path, fields, message):
@@ -130,6 +132,61 @@ def nano_config(data, output_path, **train_fields):
         train=SimpleTrainConfig(**fields),
         output_path=str(output_path),
     )
+
+
+def test_attention_and_remat_settings_reach_levanters_model_config(data, tmp_path):
+    from dataclasses import replace
+
+    from levanter.layers.attention import AttentionBackend
+
+    from operations.train import levanter_config
+
+    default = levanter_config(nano_config(data, tmp_path / "a")).model
+    assert (default.attn_backend, default.flash_attention_block_size, default.gradient_checkpointing) == (
+        None,
+        None,
+        True,
+    )
+    config = replace(
+        nano_config(data, tmp_path / "b"),
+        attention_backend="vanilla",
+        flash_attention_block_size=64,
+        gradient_checkpointing="offload",
+    )
+    model = levanter_config(config).model
+    assert model.attn_backend == AttentionBackend.VANILLA
+    assert (model.flash_attention_block_size, model.gradient_checkpointing) == (64, "offload")
+
+
+class FakeCluster:
+    """Stands in for one of JAX's cluster environments (jax._src.clusters)."""
+
+    opt_in_only_method = False
+
+    @classmethod
+    def is_env_present(cls):
+        return True
+
+
+def test_jax_distributed_starts_where_jax_detects_a_cluster_not_where_mpi4py_is_installed(
+    data, tmp_path, monkeypatch
+):
+    from jax._src import clusters
+    from levanter.distributed import DistributedConfig
+
+    from operations.train import initialize_distributed, levanter_config
+
+    started = []
+    monkeypatch.setattr(DistributedConfig, "initialize", lambda self: started.append(self))
+    # mpi4py's environment is opt-in only: JAX never picks it by itself (Levanter 1.2 did).
+    opt_in = type("Mpi4pyLike", (FakeCluster,), {"opt_in_only_method": True})
+    monkeypatch.setattr(clusters.ClusterEnv, "_cluster_types", [opt_in])
+    assert initialize_distributed() is False and started == []
+    monkeypatch.setattr(clusters.ClusterEnv, "_cluster_types", [opt_in, FakeCluster])
+    assert initialize_distributed() is True and len(started) == 1
+    # Levanter's main must not start it again, after JAX has been used.
+    trainer = levanter_config(nano_config(data, tmp_path / "run")).trainer
+    assert trainer.distributed.initialize_jax_distributed is False
 
 
 def checkpoint_steps(output_path):
