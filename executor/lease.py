@@ -356,9 +356,16 @@ class LeaseManager:
             self._keeper_client()
 
     def close(self) -> None:
+        """Stop heartbeating. Leases still held (a failed or interrupted run) are left to go
+        stale, as if this driver had died."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.config.heartbeat_interval + 5)
+        if self.keeper_prefix is not None:
+            with self._lock:
+                held = list(self._held)
+            for output_path in held:
+                self._tell_keeper("forget", lease_path(output_path))
 
     # -- internals ------------------------------------------------------------
     def _keep(self, output_path: str, mine: bytes) -> None:
@@ -376,7 +383,7 @@ class LeaseManager:
 
         try:
             interval = self.config.heartbeat_interval if op == "hold" else None
-            self._keeper_client().send(op, path, data, interval)
+            self._keeper_client().send(op, path, data, interval, self.worker_id)
             return True
         except KeeperGone as error:
             logger.error("could not reach the lease keeper: %s", error)
@@ -387,7 +394,7 @@ class LeaseManager:
         from executor.lease_keeper import KeeperGone
 
         try:
-            ok, data = self._keeper_client().ask(op, lease_path(output_path))
+            ok, data = self._keeper_client().ask(op, lease_path(output_path), self.worker_id)
         except KeeperGone as error:
             logger.error("the lease keeper is gone: %s; treating the lease on %s as lost", error, output_path)
             return None

@@ -16,20 +16,29 @@ The driver talks to it over a pipe, one JSON object per line on its stdin:
 - `{"op": "hold", "path", "bytes", "interval"}`: keep this lease alive, refreshing it every
   `interval` seconds; `bytes` is the lease exactly as the driver created it (latin-1). No
   answer.
-- `{"op": "drop", "path"}`: forget it; the driver deletes the file itself (it does so only
-  while the lease is younger than the heartbeat interval, before the keeper's first refresh
-  of it). No answer.
-- `{"op": "refresh" | "release" | "hand_over", "path"}`: answered with one line on stdout,
+- `{"op": "drop", "path", "worker"}`: forget it; the driver deletes the file itself (it does
+  so only while the lease is younger than the heartbeat interval, before the keeper's first
+  refresh of it). No answer.
+- `{"op": "forget", "path", "worker"}`: the driver's run ended still holding it (a failed or
+  interrupted run): stop refreshing it and leave the file to go stale, as it would if the
+  driver had died. No answer.
+- `{"op": "refresh" | "release" | "hand_over", "path", "worker"}`: answered with one line on stdout,
   `{"ok": bool, "bytes": str | null}`. `refresh`: swap the lease to a fresh heartbeat now
   (the driver confirms a step that outlived a heartbeat interval); `release`: delete it if
   it still holds our bytes; `hand_over`: stop keeping it and give its current bytes (a heavy
   step's own process takes it over from there).
 
+Messages other than `hold` name the worker (the run) that sends them; several runs in one
+driver process share its keeper, and a message about a lease that another of them holds
+now is stale and ignored (a request is answered not-ok).
+
 Every `interval` seconds after it was last written, the keeper swaps each lease it holds
-from the exact bytes it wrote last to bytes with a fresh heartbeat. If a swap fails, another
-driver took the step over: unless the driver dropped that lease meanwhile, the keeper kills
-the driver at once (SIGKILL) -- the step runs in the driver, so this is the only way to stop
-it before it writes into an output another driver now owns -- and exits 3.
+from the exact bytes it wrote last to bytes with a fresh heartbeat. If a swap fails, it first
+reads everything the driver sent meanwhile (a `drop` of that lease ends the matter), then
+the lease file: gone means deleted, not taken (forgotten); our worker still in it means ours.
+Only a lease file naming another worker is a takeover: the keeper then kills the driver at
+once (SIGKILL) -- the step runs in the driver, so this is the only way to stop it before it
+writes into an output another driver now owns -- and exits 3.
 
 A driver paused past the lease timeout (its process group stopped, the machine suspended)
 resumes together with its keeper. The keeper notices the gap in its own clock, checks every
@@ -86,9 +95,17 @@ class LeaseKeeper:
         self._lock = threading.Lock()  # one request (and its answer) at a time
         self._ready = False
 
-    def send(self, op: str, path: str, data: bytes | None = None, interval: float | None = None) -> None:
-        """A message that needs no answer (hold, drop)."""
-        message: dict = {"op": op, "path": path}
+    def send(
+        self,
+        op: str,
+        path: str,
+        data: bytes | None = None,
+        interval: float | None = None,
+        worker: str | None = None,
+    ) -> None:
+        """A message that needs no answer (hold, drop, forget). `worker`: who sends it (the
+        keeper ignores a message about a lease another worker holds now)."""
+        message: dict = {"op": op, "path": path, "worker": worker}
         if data is not None:
             message["bytes"] = data.decode("latin-1")
         if interval is not None:
@@ -97,11 +114,11 @@ class LeaseKeeper:
             self._await_ready()
             self._write(message)
 
-    def ask(self, op: str, path: str) -> tuple[bool, bytes | None]:
+    def ask(self, op: str, path: str, worker: str | None = None) -> tuple[bool, bytes | None]:
         """A request and its answer: (ok, the lease's bytes as the keeper last wrote them)."""
         with self._lock:
             self._await_ready()
-            self._write({"op": op, "path": path})
+            self._write({"op": op, "path": path, "worker": worker})
             line = self._process.stdout.readline()
         if not line:
             raise KeeperGone(f"the lease keeper (pid {self._process.pid}) exited: {self._process.poll()}")
@@ -166,6 +183,13 @@ def shared_keeper(prefix: str) -> LeaseKeeper:
 # -- the keeper process ------------------------------------------------------------------------
 
 
+def _worker(data: bytes) -> str | None:
+    try:
+        return json.loads(data).get("worker")
+    except (ValueError, AttributeError):
+        return None
+
+
 class _Keeper:
     def __init__(self, store, kill_pid: int):
         self.store = store
@@ -178,26 +202,39 @@ class _Keeper:
 
     # messages
     def read_messages(self, block_for: float | None) -> bool:
-        """Handle what the driver sent (waiting up to `block_for` s, None: until it writes);
-        False once the driver closed the pipe."""
-        ready, _, _ = select.select([0], [], [], None if block_for is None else max(0.0, block_for))
-        if not ready:
-            return True
-        data = os.read(0, 1 << 16)
-        if not data:
-            return False
-        self.pending += data
-        *lines, self.pending = self.pending.split(b"\n")
-        for line in lines:
-            if line.strip():
-                self.handle(json.loads(line))
-        return True
+        """Handle everything the driver has sent (waiting up to `block_for` s for the first
+        bytes, None: until it writes); False once the driver closed the pipe.
+
+        Reads until the pipe is empty, not just once: a keeper that fell behind (a loaded
+        machine) may have many messages queued, and a `drop` among them must be seen before
+        a failed refresh is taken for a takeover.
+        """
+        timeout = None if block_for is None else max(0.0, block_for)
+        while True:
+            ready, _, _ = select.select([0], [], [], timeout)
+            if not ready:
+                return True
+            data = os.read(0, 1 << 16)
+            if not data:
+                return False
+            self.pending += data
+            *lines, self.pending = self.pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    self.handle(json.loads(line))
+            timeout = 0.0
 
     def drain(self) -> bool:
         return self.read_messages(0.0)
 
     def handle(self, message: dict) -> None:
         op, path = message["op"], message["path"]
+        if op != "hold" and path in self.held and _worker(self.held[path]) != message.get("worker"):
+            # Another run in the driver's process holds this lease now (it took it over from
+            # the sender): the sender's messages about it are stale.
+            if op in ("refresh", "release", "hand_over"):
+                self.answer(False, None)
+            return
         if op == "hold":
             self.held[path] = message["bytes"].encode("latin-1")
             self.interval[path] = float(message["interval"])
@@ -210,6 +247,9 @@ class _Keeper:
                 # delete what we wrote.
                 with contextlib.suppress(OSError):
                     self.store.compare_and_swap(path, mine, None)
+            self.refreshed.discard(path)
+        elif op == "forget":  # the driver's run ended holding it: stop, as its thread would
+            self.forget(path)
             self.refreshed.discard(path)
         elif op == "refresh":
             ok = path in self.held and self.refresh(path)
@@ -263,9 +303,27 @@ class _Keeper:
                 print(f"lease keeper: heartbeat for {path} failed: {error}", file=sys.stderr, flush=True)
                 self.due[path] = time.monotonic() + min(1.0, self.interval[path])
                 continue
-            self.drain()  # the driver may have dropped it (and deleted the file) just now
-            if path in self.held:
+            if not self.drain():  # the driver may have dropped it (and deleted the file) just now
+                sys.exit(0)  # the driver is gone: nothing to stop
+            if path in self.held and self.taken_over(path):
                 self.lost(path)
+
+    def taken_over(self, path: str) -> bool:
+        """After a failed swap, with every message read: is the lease someone else's now? Our
+        driver announces every lease it deletes (`drop`, `forget`) before it does, so a lease
+        file that is gone was removed by another driver (which took the step over and finished
+        it). One that still names our worker is ours (adopted)."""
+        try:
+            current = self.store.read_bytes(path)
+        except OSError:
+            return False  # cannot tell: try again at the next refresh
+        if current is None:
+            return True
+        worker = _worker(current)
+        if worker is not None and worker == _worker(self.held[path]):
+            self.held[path] = current
+            return False
+        return True
 
     def lost(self, path: str) -> None:
         print(

@@ -227,15 +227,15 @@ def test_refresh_release_and_hand_over_answer_with_the_current_bytes(keeper_and_
     path = f"{root}/s/.executor_status.lock"
     store.write_atomic(path, lease())
     keeper.send("hold", path, store.read_bytes(path), interval=30)
-    ok, data = keeper.ask("refresh", path)
+    ok, data = keeper.ask("refresh", path, "w")
     assert ok and data == store.read_bytes(path)
-    ok, handed = keeper.ask("hand_over", path)
+    ok, handed = keeper.ask("hand_over", path, "w")
     assert ok and handed == data and store.read_bytes(path) == data  # handed over, not deleted
-    assert keeper.ask("refresh", path) == (False, None)  # not kept any more
+    assert keeper.ask("refresh", path, "w") == (False, None)  # not kept any more
     keeper.send("hold", path, data, interval=30)
-    assert keeper.ask("release", path) == (True, None)
+    assert keeper.ask("release", path, "w") == (True, None)
     assert store.read_bytes(path) is None
-    assert keeper.ask("release", path) == (False, None)
+    assert keeper.ask("release", path, "w") == (False, None)
 
 
 def test_a_dropped_lease_is_no_longer_refreshed(keeper_and_root):
@@ -245,7 +245,7 @@ def test_a_dropped_lease_is_no_longer_refreshed(keeper_and_root):
     mine = lease()
     store.write_atomic(path, mine)
     keeper.send("hold", path, mine, interval=0.2)
-    keeper.send("drop", path)  # the driver then deletes the file itself
+    keeper.send("drop", path, worker="w")  # the driver then deletes the file itself
     store.delete(path)
     time.sleep(0.5)
     assert store.read_bytes(path) is None  # the keeper did not bring it back...
@@ -260,7 +260,7 @@ def test_a_dropped_lease_the_keeper_had_refreshed_is_deleted_by_the_keeper(keepe
     store.write_atomic(path, mine)
     keeper.send("hold", path, mine, interval=0.05)
     wait_for(lambda: store.read_bytes(path) != mine, timeout=10)
-    keeper.send("drop", path)
+    keeper.send("drop", path, worker="w")
     wait_for(lambda: store.read_bytes(path) is None, timeout=10)
 
 
@@ -300,3 +300,98 @@ def test_runs_in_one_process_share_one_keeper_and_a_tree_in_memory_uses_none(tmp
     Executor("memory://keeper-test", console=False).run(steps)
     assert set(lease_keeper._KEEPERS) == {"file"}  # none for a tree only this process can see
     assert shared_keeper(str(tmp_path)) is keeper
+
+
+def test_a_keeper_that_fell_behind_reads_every_queued_message_before_refreshing(keeper_and_root):
+    """The driver dropped and deleted its lease and a second driver took the step, while the
+    keeper was not running (a loaded machine), with many messages queued in front of the
+    drop: no takeover, the driver lives."""
+    keeper, root, victim = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease("first")
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=0.05)
+    os.kill(keeper.pid, signal.SIGSTOP)
+    try:
+        for i in range(60):  # ~33 KB of other leases' messages (a pipe holds 64 KB)
+            other = f"{root}/other-{i:04d}/.executor_status.lock"
+            keeper.send("hold", other, lease("first"), interval=60)
+            keeper.send("drop", other, worker="first")
+        keeper.send("drop", path, worker="first")
+        store.delete(path)
+        store.write_atomic(path, lease("second"))  # another driver's lease now
+        time.sleep(1.2)  # past the interval, and long enough to count as a pause
+    finally:
+        os.kill(keeper.pid, signal.SIGCONT)
+    time.sleep(1.0)
+    assert victim.poll() is None and keeper.alive()
+    assert LeaseRecord.parse(store.read_bytes(path)).worker == "second"
+
+
+def test_a_lease_file_deleted_by_someone_else_counts_as_taken_over(keeper_and_root):
+    """Our driver announces every deletion of a lease it holds before it makes it; a lease
+    that disappears without one was removed by another driver (which took the step over and
+    has finished it): the driver must stop."""
+    keeper, root, victim = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease()
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=0.05)
+    store.delete(path)
+    assert victim.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_forgotten_lease_is_left_alone_to_go_stale(keeper_and_root):
+    keeper, root, victim = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease()
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=0.05)
+    keeper.send("forget", path, worker="w")
+    time.sleep(0.3)
+    assert store.read_bytes(path) == mine  # not refreshed, not deleted
+    store.delete(path)
+    time.sleep(0.3)
+    assert victim.poll() is None and keeper.alive()
+
+
+def test_a_message_from_a_run_that_no_longer_holds_the_lease_is_ignored(keeper_and_root):
+    """Two runs in one driver process share the keeper: once the second took the lease over,
+    the first's messages about it change nothing."""
+    keeper, root, victim = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    store.write_atomic(path, lease("second"))
+    keeper.send("hold", path, store.read_bytes(path), interval=30)
+    assert keeper.ask("release", path, "first") == (False, None)
+    keeper.send("drop", path, worker="first")
+    assert LeaseRecord.parse(store.read_bytes(path)).worker == "second"
+    ok, data = keeper.ask("refresh", path, "second")
+    assert ok and LeaseRecord.parse(data).worker == "second"
+
+
+def test_closing_a_lease_manager_makes_the_keeper_forget_its_leases(tmp_path):
+    from executor import LeaseConfig
+    from executor.lease import LeaseManager
+
+    store = LocalStore()
+    manager = LeaseManager(
+        store, LeaseConfig(heartbeat_interval=0.05, timeout=5), "w1", keeper_prefix=str(tmp_path)
+    )
+    output = f"{tmp_path}/step"
+    assert manager.try_acquire(output).acquired
+    wait_for(
+        lambda: LeaseRecord.parse(store.read_bytes(lease_path(output))).heartbeat > time.time() - 0.04,
+        timeout=10,
+    )
+    manager.close()  # a run that ended holding the lease
+    time.sleep(0.1)
+    left = store.read_bytes(lease_path(output))
+    time.sleep(0.3)
+    assert store.read_bytes(lease_path(output)) == left  # no longer refreshed: it will go stale
+    store.delete(lease_path(output))  # e.g. a test removing its tree: no takeover, no kill
+    time.sleep(0.3)
+    assert shared_keeper(str(tmp_path)).alive()
