@@ -19,9 +19,9 @@ The interface is deliberately small:
   Leases are built on it. It is atomic on local disk (an flock on the directory
   serialises the read-compare-write between processes and threads; creating an absent
   file is one `O_CREAT|O_EXCL` open and one `write()` under that lock) and in memory
-  (a process lock) and on GCS (`GCSStore`: the write carries the generation read,
-  `ifGenerationMatch`, and the server refuses it if the object changed since). On
-  other object stores (S3) it is a read-compare-write with a small race window.
+  (a process lock) and on GCS and S3 (`ConditionalStore`: the write carries the version
+  read -- GCS `ifGenerationMatch`, S3 `If-None-Match: *` / `If-Match: <ETag>` -- and
+  the server refuses it if the object changed since).
 
 Local disk uses `os` calls only and never imports fsspec (its import costs more than a
 fully cached re-run of a 1,000-step experiment); `LocalStore.fs` loads fsspec's local
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import stat
 import threading
@@ -42,6 +43,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import fsspec
+
+logger = logging.getLogger(__name__)
 
 
 class StoreError(OSError):
@@ -412,23 +415,65 @@ class MemoryStore(Store):
             return super().read_bytes(path)
 
 
-class GCSStore(Store):
-    """`gs://` through gcsfs; compare-and-swap by generation preconditions, so it is atomic.
+class _PreconditionFailed(Exception):
+    """A conditional write or delete was refused: the object changed since it was read."""
+
+
+class ConditionalStore(Store):
+    """An object store whose writes can be made conditional on the version last read.
+
+    `compare_and_swap` reads the bytes and their version in one GET, compares the bytes,
+    then writes (or deletes) only if the object still has that version; the server
+    decides, so two swappers that read the same version cannot both win. Subclasses say
+    how to read a version and how to make a write conditional on it.
+
+    One limit, on the safe side for leases: if a conditional write's answer is lost and
+    the client library retries it, the retry meets its own write and reads as a lost race
+    (the lease then waits out its timeout).
+    """
+
+    def _read_versioned(self, path: str) -> tuple[bytes | None, str | None]:
+        """The object's bytes and version from one read; (None, None) when it is absent."""
+        raise NotImplementedError
+
+    def _put_if(self, path: str, data: bytes, version: str | None) -> None:
+        """Write `data` only if the object has `version` (None: only if absent), else
+        raise _PreconditionFailed."""
+        raise NotImplementedError
+
+    def _delete_if(self, path: str, version: str) -> None:
+        """Delete only if the object has `version`, else raise _PreconditionFailed."""
+        raise NotImplementedError
+
+    def compare_and_swap(self, path: str, expected: bytes | str | None, new: bytes | str | None) -> bool:
+        current, version = self._read_versioned(path)
+        if current != (None if expected is None else _to_bytes(expected)):
+            return False
+        try:
+            if new is not None:
+                self._put_if(path, _to_bytes(new), version)
+            elif version is not None:
+                self._delete_if(path, version)
+        except _PreconditionFailed:
+            return False
+        finally:
+            self.fs.invalidate_cache(self.fs._parent(path))
+        return True
+
+
+class GCSStore(ConditionalStore):
+    """`gs://` through gcsfs: versions are GCS generations, conditions `ifGenerationMatch`.
 
     Every GCS object has a generation that changes on each write. One GET returns the
     bytes and their generation (`X-Goog-Generation`); the write that follows carries
     `ifGenerationMatch`: 0 to create only if absent, the generation read to replace or
     delete only what was read. The server refuses a write whose precondition no longer
-    holds (HTTP 412, which gcsfs raises as FileExistsError): that caller lost the race.
-
-    Two limits, both on the safe side for leases: if a write's answer is lost and gcsfs
-    retries it, the retry meets its own write and reads as a lost race (the lease then
-    waits out its timeout); and fake-gcs-server (1.54) ignores preconditions on DELETE, so
-    against the emulator a release that races a takeover is still read-compare-delete.
+    holds with HTTP 412 (which gcsfs raises as FileExistsError). fake-gcs-server (1.54)
+    ignores preconditions on DELETE, so against the emulator a release that races a
+    takeover is still read-compare-delete; real GCS honours them.
     """
 
-    def _generation_of(self, path: str) -> tuple[bytes | None, str | None]:
-        """The object's bytes and generation from one GET; (None, None) when it is absent."""
+    def _read_versioned(self, path: str) -> tuple[bytes | None, str | None]:
         try:
             headers, data = self.fs.call("GET", self.fs.url(path))
         except FileNotFoundError:
@@ -438,8 +483,8 @@ class GCSStore(Store):
             raise StoreError(f"GCS gave no generation for {path}: cannot swap it safely")
         return data, generation
 
-    def _upload_if_generation(self, path: str, data: bytes, generation: str) -> None:
-        """One multipart upload (metadata, then data) that only lands if the generation matches."""
+    def _put_if(self, path: str, data: bytes, version: str | None) -> None:
+        # One multipart upload (metadata, then data), as gcsfs makes for small files.
         import json
         from urllib.parse import quote
 
@@ -454,31 +499,112 @@ class GCSStore(Store):
                 f"\r\n--{boundary}--".encode(),
             )
         )
-        self.fs.call(
-            "POST",
-            f"{self.fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
-            uploadType="multipart",
-            ifGenerationMatch=generation,
-            headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
-            data=body,
-            json_out=True,
-        )
-
-    def compare_and_swap(self, path: str, expected: bytes | str | None, new: bytes | str | None) -> bool:
-        current, generation = self._generation_of(path)
-        if current != (None if expected is None else _to_bytes(expected)):
-            return False
         try:
-            if new is not None:
-                self._upload_if_generation(path, _to_bytes(new), generation or "0")
-            elif generation is not None:
-                bucket, key, _ = self.fs.split_path(path)
-                self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=generation)
-        except (FileExistsError, FileNotFoundError):  # 412: changed since the read; 404: deleted
-            return False
+            self.fs.call(
+                "POST",
+                f"{self.fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
+                uploadType="multipart",
+                ifGenerationMatch=version or "0",
+                headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+                data=body,
+                json_out=True,
+            )
+        except FileExistsError as error:  # gcsfs's name for 412
+            raise _PreconditionFailed(path) from error
+
+    def _delete_if(self, path: str, version: str) -> None:
+        bucket, key, _ = self.fs.split_path(path)
+        try:
+            self.fs.call("DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=version)
+        except (FileExistsError, FileNotFoundError) as error:  # 412, or deleted since the read
+            raise _PreconditionFailed(path) from error
+
+
+_S3_CHANGED = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+"""S3 error codes and statuses that mean: the object changed since it was read."""
+
+
+class S3Store(ConditionalStore):
+    """`s3://` through s3fs: versions are ETags, conditions `If-None-Match: *` / `If-Match`.
+
+    S3 refuses a conditional PutObject or DeleteObject whose condition no longer holds
+    with 412 (409 when another conditional write to the key is in flight). AWS S3 and
+    SeaweedFS (4.48) honour both headers on PutObject, and SeaweedFS on DeleteObject too.
+    A server that ignores them makes compare-and-swap a read-compare-write again:
+    `check_writable` (run before a run writes anything) tries one and logs a warning.
+    """
+
+    def _bucket_key(self, path: str) -> tuple[str, str]:
+        bucket, key, _ = self.fs.split_path(path)
+        return bucket, key
+
+    def _read_versioned(self, path: str) -> tuple[bytes | None, str | None]:
+        bucket, key = self._bucket_key(path)
+
+        async def get():
+            answer = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            try:
+                return await answer["Body"].read(), answer["ETag"]
+            finally:
+                answer["Body"].close()
+
+        from fsspec.asyn import sync
+
+        try:
+            return sync(self.fs.loop, get)
+        except FileNotFoundError:
+            return None, None
+
+    @staticmethod
+    def _changed(error: BaseException, also: frozenset[str] = frozenset()) -> bool:
+        """Whether s3fs's `error` says the object changed since it was read."""
+        answer = getattr(error.__cause__, "response", None) or {}
+        code = answer.get("Error", {}).get("Code")
+        status = str(answer.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+        return bool({code, status} & (_S3_CHANGED | also))
+
+    def _put_if(self, path: str, data: bytes, version: str | None) -> None:
+        bucket, key = self._bucket_key(path)
+        condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+        try:
+            self.fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+        except OSError as error:
+            if self._changed(error):
+                raise _PreconditionFailed(path) from error
+            raise
+
+    def _delete_if(self, path: str, version: str) -> None:
+        bucket, key = self._bucket_key(path)
+        try:
+            self.fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=version)
+        except OSError as error:
+            if self._changed(error, also=frozenset({"NoSuchKey"})):  # or deleted since the read
+                raise _PreconditionFailed(path) from error
+            raise
+
+    def check_writable(self, prefix: str) -> None:
+        super().check_writable(prefix)
+        probe = f"{prefix.rstrip('/')}/.conditional-probe-{_random_hex()}"
+        try:
+            try:
+                self._put_if(probe, b"probe", None)
+                self._put_if(probe, b"again", None)
+            except _PreconditionFailed:
+                return
+            except Exception as error:  # the server rejects the header itself
+                raise StoreError(
+                    f"the S3 server behind {prefix} refused a conditional write (If-None-Match: *): "
+                    f"{type(error).__name__}: {error}. Step leases need it; use a server that "
+                    "supports conditional writes (AWS S3, SeaweedFS >= 4.48)"
+                ) from error
+            logger.warning(
+                "the S3 server behind %s ignores If-None-Match: compare-and-swap (and so the "
+                "step leases) falls back to read-compare-write, and two drivers racing for one "
+                "step may both run it",
+                prefix,
+            )
         finally:
-            self.fs.invalidate_cache(self.fs._parent(path))
-        return True
+            self.delete(probe)
 
 
 def is_local(path: str) -> bool:
@@ -506,7 +632,11 @@ def open_store(prefix: str) -> Store:
             f"no filesystem for {prefix!r}: {error}. Install the fsspec backend for {protocol}:// "
             "(s3fs for s3://, gcsfs for gs://)"
         ) from error
-    return GCSStore(fs, protocol) if protocol in ("gs", "gcs") else Store(fs, protocol)
+    if protocol in ("gs", "gcs"):
+        return GCSStore(fs, protocol)
+    if protocol in ("s3", "s3a"):
+        return S3Store(fs, protocol)
+    return Store(fs, protocol)
 
 
 def normalize_prefix(prefix: str) -> str:
