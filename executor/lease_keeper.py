@@ -311,19 +311,35 @@ class _Keeper:
     def taken_over(self, path: str) -> bool:
         """After a failed swap, with every message read: is the lease someone else's now? Our
         driver announces every lease it deletes (`drop`, `forget`) before it does, so a lease
-        file that is gone was removed by another driver (which took the step over and finished
-        it). One that still names our worker is ours (adopted)."""
+        file that is gone was removed by another driver if the step's status names another
+        worker (it took the step over and finished it). One that still names our worker is
+        ours (adopted)."""
         try:
             current = self.store.read_bytes(path)
         except OSError:
             return False  # cannot tell: try again at the next refresh
         if current is None:
-            return True
+            return self._finished_by_another(path)
         worker = _worker(current)
         if worker is not None and worker == _worker(self.held[path]):
             self.held[path] = current
             return False
         return True
+
+    def _finished_by_another(self, path: str) -> bool:
+        """The lease file is gone: taken over only if the step's status shows another worker
+        (which took it over and finished it). A tree removed with its status (a test cleaning
+        up, `rm -r`) is no takeover: the lease is forgotten."""
+        status = path[: -len(".lock")] if path.endswith(".lock") else None
+        try:
+            data = self.store.read_bytes(status) if status else None
+        except OSError:
+            return False
+        last = (data or b"").rstrip(b"\n").rpartition(b"\n")[2]
+        other = bool(last) and _worker(last) not in (None, _worker(self.held[path]))
+        if not other:
+            self.forget(path)
+        return other
 
     def lost(self, path: str) -> None:
         print(

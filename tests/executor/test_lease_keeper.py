@@ -329,18 +329,32 @@ def test_a_keeper_that_fell_behind_reads_every_queued_message_before_refreshing(
     assert LeaseRecord.parse(store.read_bytes(path)).worker == "second"
 
 
-def test_a_lease_file_deleted_by_someone_else_counts_as_taken_over(keeper_and_root):
+def test_a_lease_deleted_by_a_driver_that_finished_the_step_counts_as_taken_over(keeper_and_root):
     """Our driver announces every deletion of a lease it holds before it makes it; a lease
-    that disappears without one was removed by another driver (which took the step over and
-    has finished it): the driver must stop."""
+    that disappears without one, from a step whose status another worker wrote, was taken
+    over and the step finished elsewhere: the driver must stop."""
     keeper, root, victim = keeper_and_root
     store = LocalStore()
     path = f"{root}/s/.executor_status.lock"
     mine = lease()
     store.write_atomic(path, mine)
     keeper.send("hold", path, mine, interval=0.05)
+    store.append_line(f"{root}/s/.executor_status", json.dumps({"status": "SUCCESS", "worker": "other"}))
     store.delete(path)
     assert victim.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_lease_removed_with_its_whole_output_is_forgotten(keeper_and_root):
+    keeper, root, victim = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease()
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=0.05)
+    store.delete_tree(f"{root}/s")  # e.g. a test cleaning up, or `rm -r` of the tree
+    time.sleep(0.5)
+    assert victim.poll() is None and keeper.alive()
+    assert keeper.ask("refresh", path, "w") == (False, None)  # not kept any more
 
 
 def test_a_forgotten_lease_is_left_alone_to_go_stale(keeper_and_root):
