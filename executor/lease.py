@@ -426,6 +426,8 @@ class LeaseManager:
             if self._held.pop(output_path, None) is None:
                 return
             self._lost.add(output_path)
+        if self.keeper_prefix is not None:  # (the keeper forgets it by itself too, after a failed refresh)
+            self._tell_keeper("forget", lease_path(output_path))
         logger.error("lost the lease on %s: another driver took it over", output_path)
         self.on_lost(output_path)
 

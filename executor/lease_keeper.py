@@ -253,6 +253,9 @@ class _Keeper:
             self.refreshed.discard(path)
         elif op == "refresh":
             ok = path in self.held and self.refresh(path)
+            if not ok:  # someone else holds it: the driver counts it lost; stop keeping it
+                self.forget(path)
+                self.refreshed.discard(path)
             self.answer(ok, self.held.get(path))
         elif op == "release":
             mine = self.forget(path)

@@ -409,3 +409,19 @@ def test_closing_a_lease_manager_makes_the_keeper_forget_its_leases(tmp_path):
     store.delete(lease_path(output))  # e.g. a test removing its tree: no takeover, no kill
     time.sleep(0.3)
     assert shared_keeper(str(tmp_path)).alive()
+
+
+def test_a_lease_whose_refresh_found_it_taken_is_no_longer_kept(keeper_and_root):
+    """The driver asked for a refresh (a step outlived the heartbeat interval) and the keeper
+    found the lease taken: the driver reports the step lost; the keeper must not go on and
+    find the same takeover at its next heartbeat (it killed the whole test suite once)."""
+    keeper, root, victim = keeper_and_root
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease()
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=0.3)
+    store.write_atomic(path, lease("thief"))
+    assert keeper.ask("refresh", path, "w") == (False, None)
+    time.sleep(0.8)  # past the next heartbeat
+    assert victim.poll() is None and keeper.alive()
