@@ -129,9 +129,9 @@ class Executor:
             worker_id,
             on_lost=lambda path: runner_ref[0].lease_lost(path),
             # Heartbeats from a process of their own (no GIL shared with the steps), for trees
-            # on local disk (see executor.lease_keeper).
+            # on local disk, S3 and GCS (see executor.lease_keeper).
             keeper_prefix=self.prefix
-            if self.lease_config.heartbeat_process and self.store.local_path("/") is not None
+            if self.lease_config.heartbeat_process and self.store.protocol in KEEPER_PROTOCOLS
             else None,
         )
         try:
@@ -242,6 +242,11 @@ class Executor:
             self.output_paths[declaration] = resolved.output_path
             self.configs[declaration] = resolved.config
             self.versions[declaration] = resolved.version
+
+
+KEEPER_PROTOCOLS = ("file", "s3", "s3a", "gs", "gcs")
+"""Trees whose leases the keeper process can open by itself (from the environment's settings);
+`memory://` lives in this process only, and a filesystem registered at run time exists here only."""
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ Timing is wall-clock time of the drivers (`heartbeat` is a Unix timestamp), so
 drivers on different machines need clocks within a fraction of `timeout`.
 
 Where the heartbeats run. By default a thread of the driver refreshes its leases. Given a
-`keeper_prefix` (the executor passes its prefix when the tree is on local disk), they are
+`keeper_prefix` (the executor passes its prefix for trees on local disk, S3 and GCS), they are
 refreshed by a process of their own (`executor.lease_keeper`): light steps run in the
 driver's threads, and a step that holds the GIL past the timeout would otherwise starve its
 own heartbeat and be taken over while it still runs. The keeper kills the driver if one of

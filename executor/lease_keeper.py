@@ -1,9 +1,10 @@
 """The lease keeper: a driver's lease heartbeats, in a process of its own.
 
 Started by `shared_keeper()`: one per driver process, kept for the process's life and
-shared by every run in it. For trees on local disk; a tree on object storage keeps its
-heartbeats in a thread of the driver for now (the keeper would have to rebuild the driver's
-filesystem and credentials in another process).
+shared by every run in it, one per kind of storage (local disk, S3, GCS: see
+`executor.executor.KEEPER_PROTOCOLS`). It opens the storage from the environment it inherits
+(`AWS_*`, `STORAGE_EMULATOR_HOST`, ...); if it cannot, it exits before saying it is ready,
+and the driver keeps its heartbeats in a thread.
 
 Light steps run in the driver's threads. If their leases were refreshed by a thread of the
 driver too, a step that holds Python's GIL longer than the lease timeout would starve its

@@ -20,13 +20,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from executor import Executor, ExecutorStep, lease_keeper, this_output_path, versioned
+from executor import Executor, ExecutorStep, LeaseConfig, lease_keeper, this_output_path, versioned
 from executor.lease_keeper import LeaseKeeper, shared_keeper
-from executor.store import LocalStore
+from executor.store import LocalStore, open_store
 from executor.tree import LeaseRecord, Status, lease_path, read_status
 from tests.executor.steps_for_tests import WriteConfig, write_value
 from tests.waiting import wait_for
@@ -425,3 +426,40 @@ def test_a_lease_whose_refresh_found_it_taken_is_no_longer_kept(keeper_and_root)
     assert keeper.ask("refresh", path, "w") == (False, None)
     time.sleep(0.8)  # past the next heartbeat
     assert victim.poll() is None and keeper.alive()
+
+
+@dataclass(frozen=True)
+class GilConfig:
+    output_path: str
+    loops: int
+    """`sum(range(loops))`: one C call that holds the GIL throughout."""
+
+    tag: str = versioned("gil")
+
+
+def hold_the_gil_then_read_the_lease(config: GilConfig) -> None:
+    store = open_store(config.output_path)
+    sum(range(config.loops))
+    record = LeaseRecord.parse(store.read_bytes(lease_path(config.output_path)))
+    store.write_atomic(f"{config.output_path}/heartbeat_age", str(time.time() - record.heartbeat))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["s3", "gcs"])
+def test_on_object_storage_the_keeper_refreshes_the_lease_while_a_step_holds_the_gil(request, storage):
+    """The lease of a light step on s3:// and gs:// is refreshed by the keeper process while
+    the step holds the GIL for about 2 s (heartbeat every 0.2 s): its heartbeat is fresh when
+    the step looks. A heartbeat thread would have been starved for the whole 2 s."""
+    request.getfixturevalue(f"{storage}_env")  # endpoint and credentials in the environment
+    prefix = request.getfixturevalue(f"{storage}_prefix")
+    config = LeaseConfig(heartbeat_interval=0.2, timeout=10, poll_interval=0.1)
+    step = ExecutorStep(
+        name="gil",
+        fn=hold_the_gil_then_read_the_lease,
+        config=GilConfig(output_path=this_output_path(), loops=gil_loops_for(2.0)),
+    )
+    executor = Executor(prefix, console=False, lease_config=config)
+    executor.run([step])
+    age = float(executor.store.read_text(f"{executor.output_paths[step]}/heartbeat_age"))
+    assert age < 1.0, f"the lease's last heartbeat was {age:.2f} s old when the step looked"
+    assert shared_keeper(prefix).alive()
