@@ -126,6 +126,27 @@ class Store:
             )
         return sorted(out, key=lambda info: info.name)
 
+    def read_tail(self, path: str, limit: int | None) -> tuple[bytes | None, bool]:
+        """(The last `limit` bytes of `path`, or all of it when `limit` is None; whether that
+        is the whole file). (None, True) when the file does not exist; IsADirectoryError when
+        a directory is in its place. Object stores read it with one suffix-range GET."""
+        local = self.local_path(path)
+        if local is not None:
+            return _read_local_tail(local, limit)
+        fs_path = self.fs_path(path)
+        try:
+            if limit is None:
+                return self.fs.cat_file(fs_path), True
+            data = self.fs.cat_file(fs_path, start=-limit)  # one suffix-range GET
+        except (FileNotFoundError, NotADirectoryError):
+            return None, True
+        except OSError:
+            if limit is None:
+                raise
+            # An empty object has no byte range to serve (S3 answers 416): read it whole.
+            return self.read_tail(path, None)
+        return data, len(data) < limit
+
     def child_names(self, path: str) -> frozenset[str] | None:
         """Names of the direct children of `path` when one cheap listing gives them (local
         disk; empty when `path` does not exist), else None: the caller looks child by child."""
@@ -201,6 +222,25 @@ class Store:
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+
+
+def _read_local_tail(local: str, limit: int | None) -> tuple[bytes | None, bool]:
+    try:
+        fd = os.open(local, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, True
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(local)
+        start = 0 if limit is None else max(0, info.st_size - limit)
+        chunks = []
+        while chunk := os.pread(fd, 1 << 20, start):
+            chunks.append(chunk)
+            start += len(chunk)
+        return b"".join(chunks), limit is None or info.st_size <= limit
+    finally:
+        os.close(fd)
 
 
 def _open_making_parents(path: str, flags: int) -> int:

@@ -21,7 +21,6 @@ import enum
 import json
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -280,49 +279,14 @@ def _read_local_head(local: str, path: str) -> bytes | None:
 
 
 def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None, bool]:
-    """(The last `limit` bytes of `path`, or all of it; whether that is the whole file).
-
-    (None, True) when the file does not exist. A directory in its place is a
-    StatusFileError; any other storage failure a StoreError naming the file.
-    (Candidate for `Store.read_tail`: object stores do it with one suffix-range GET.)
-    """
-    local = store.local_path(path)
+    """`Store.read_tail`, with its failures named: a directory in the file's place is a
+    StatusFileError, any other storage failure a StoreError naming the file."""
     try:
-        if local is None:
-            fs_path = store.fs_path(path)
-            try:
-                if limit is None:
-                    return store.fs.cat_file(fs_path), True
-                data = store.fs.cat_file(fs_path, start=-limit)  # one suffix-range GET
-            except (FileNotFoundError, NotADirectoryError):
-                return None, True
-            except OSError:
-                if limit is None:
-                    raise
-                # An empty object has no byte range to serve (S3 answers 416): read it whole.
-                return _read_tail(store, path, None)
-            return data, len(data) < limit
-        try:
-            fd = os.open(local, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
-            return None, True
-        try:
-            info = os.fstat(fd)
-            if stat.S_ISDIR(info.st_mode):
-                raise IsADirectoryError(local)
-            start = 0 if limit is None else max(0, info.st_size - limit)
-            chunks = []
-            while chunk := os.pread(fd, 1 << 20, start):
-                chunks.append(chunk)
-                start += len(chunk)
-            data = b"".join(chunks)
-            return data, limit is None or info.st_size <= limit
-        finally:
-            os.close(fd)
+        return store.read_tail(path, limit)
     except IsADirectoryError:
         raise StatusFileError(path, "it is a directory, not a file") from None
     except StoreError:
-        raise  # already names the file (the whole-file retry above)
+        raise  # already names the file
     except OSError as error:
         raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
 

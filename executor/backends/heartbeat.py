@@ -42,8 +42,8 @@ def _die_with_parent() -> None:
 def main(spec_json: str) -> int:
     _die_with_parent()
     spec = json.loads(spec_json)
+    from executor.lease_keeper import with_fresh_heartbeat
     from executor.store import open_store
-    from executor.tree import LeaseRecord
 
     store = open_store(spec["prefix"])
     path = spec["lease_path"]
@@ -58,15 +58,7 @@ def main(spec_json: str) -> int:
             time.sleep(min(0.1, interval))
         if stop:
             break
-        record = LeaseRecord.parse(previous)
-        now = time.time()
-        new = LeaseRecord(
-            worker=record.worker if record else "?",
-            heartbeat=now,
-            acquired=record.acquired if record else now,
-            host=record.host if record else "",
-            pid=record.pid if record else 0,
-        ).to_bytes()
+        new = with_fresh_heartbeat(previous)
         try:
             swapped = store.compare_and_swap(path, previous, new)
         except OSError as error:  # storage hiccup: try again next time, until the lease times out

@@ -219,6 +219,19 @@ def test_streams_are_wrapped_during_a_run_and_restored_after(tmp_path):
     assert "hello from the step" in log.read_text()
 
 
+def count_store_reads(monkeypatch) -> list[str]:
+    """Paths read through `LocalStore.read_bytes` (leases, info; not statuses)."""
+    seen: list[str] = []
+    original = LocalStore.read_bytes
+
+    def counting(self, path):
+        seen.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(LocalStore, "read_bytes", counting)
+    return seen
+
+
 def count_status_reads(monkeypatch) -> list[str]:
     """Output paths whose status the plan and the runner read (through `read_last_status`)."""
     import executor.plan
@@ -241,14 +254,7 @@ def test_the_runner_reads_nothing_it_does_not_need_on_a_cold_step(tmp_path, monk
     step's directory does not exist, the runner creates the lease without reading it first,
     and confirms and releases it without reading it (it is younger than a heartbeat interval).
     Its status is read once, after the lease is taken."""
-    reads: list[str] = []
-    original = LocalStore.read_bytes
-
-    def counting(self, path):
-        reads.append(path)
-        return original(self, path)
-
-    monkeypatch.setattr(LocalStore, "read_bytes", counting)
+    reads = count_store_reads(monkeypatch)
     status_reads = count_status_reads(monkeypatch)
     step = ExecutorStep(
         name="cold", fn=write_value, config=WriteConfig(output_path=this_output_path(), value=versioned("x"))
@@ -311,14 +317,7 @@ def test_the_plan_reads_neither_status_nor_lease_of_a_step_whose_directory_is_ab
     crashed = plan.rows[1].output_path
     old = LeaseRecord(worker="gone", heartbeat=time.time() - 3600, acquired=time.time() - 3600)
     executor.store.write_atomic(lease_path(crashed), old.to_bytes())
-    reads: list[str] = []
-    original = LocalStore.read_bytes
-
-    def counting(self, path):
-        reads.append(path)
-        return original(self, path)
-
-    monkeypatch.setattr(LocalStore, "read_bytes", counting)
+    reads = count_store_reads(monkeypatch)
     status_reads = count_status_reads(monkeypatch)
     plan = executor.run(steps, dry_run=True)
     assert [row.reason.split(" (")[0] for row in plan.rows] == [

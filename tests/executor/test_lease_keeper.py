@@ -89,6 +89,14 @@ def start_driver(tmp_path: Path, role: str, mode: str, keeper: bool, **env: str)
     )
 
 
+def stop(*drivers: subprocess.Popen | None) -> None:
+    """Kill what is left of these drivers and their keepers (each driver leads its own group)."""
+    for driver in drivers:
+        if driver is not None and driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+
+
 def wait_started(driver: subprocess.Popen, tmp_path: Path, role: str) -> None:
     def started() -> bool:
         if driver.poll() is not None:
@@ -121,11 +129,15 @@ def gil_loops_for(seconds: float) -> int:
 def test_a_step_holding_the_gil_past_the_timeout_runs_once_only_with_the_keeper(tmp_path, keeper, runs):
     loops = str(gil_loops_for(3.0))  # well past the 0.8 s timeout
     first = start_driver(tmp_path, "a", "hold_gil", keeper, GIL_LOOPS=loops)
-    wait_started(first, tmp_path, "a")
-    second = start_driver(tmp_path, "b", "none", keeper)
-    _, second_err = second.communicate(timeout=120)
+    second = None
+    try:
+        wait_started(first, tmp_path, "a")
+        second = start_driver(tmp_path, "b", "none", keeper)
+        _, second_err = second.communicate(timeout=120)
+        _, first_err = first.communicate(timeout=120)
+    finally:
+        stop(first, second)
     assert second.returncode == 0, second_err
-    _, first_err = first.communicate(timeout=120)
     # With heartbeats from a thread, the GIL-holding step starved them, the second driver took
     # the stale lease over and ran the step again (the first then found its lease lost): the
     # fault the keeper removes.
@@ -141,6 +153,7 @@ def test_a_step_holding_the_gil_past_the_timeout_runs_once_only_with_the_keeper(
 @pytest.mark.slow
 def test_a_driver_paused_past_the_timeout_is_killed_when_it_resumes(tmp_path):
     first = start_driver(tmp_path, "a", "keep_writing", keeper=True)
+    second = None
     try:
         wait_started(first, tmp_path, "a")
         wait_for(lambda: (tmp_path / "writes").exists(), timeout=10)
@@ -155,9 +168,7 @@ def test_a_driver_paused_past_the_timeout_is_killed_when_it_resumes(tmp_path):
         os.killpg(first.pid, signal.SIGCONT)
         _, err = first.communicate(timeout=30)
     finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
+        stop(first, second)
     assert first.returncode == -signal.SIGKILL
     assert "was taken over by another driver while this driver held it" in err
     # The paused driver never wrote its status over the one that took the step over.
@@ -178,11 +189,7 @@ def test_a_driver_paused_alone_keeps_its_lease_through_its_keeper(tmp_path):
         record = LeaseRecord.parse(LocalStore().read_bytes(lease_path(output_dir(tmp_path))))
         assert record is not None and time.time() - record.heartbeat < 0.8
     finally:
-        os.kill(first.pid, signal.SIGKILL)  # (its step would write for 20 s)
-        first.wait()
-        if second is not None:
-            second.kill()
-            second.wait()
+        stop(first, second)  # (the first's step would write for 20 s; the second waits on it)
 
 
 # -- the keeper process itself ----------------------------------------------------------------
@@ -191,6 +198,16 @@ def test_a_driver_paused_alone_keeps_its_lease_through_its_keeper(tmp_path):
 def lease(worker: str = "w") -> bytes:
     now = time.time()
     return LeaseRecord(worker=worker, heartbeat=now, acquired=now, host="h", pid=1).to_bytes()
+
+
+def hold_a_lease(keeper: LeaseKeeper, root, interval: float, worker: str = "w"):
+    """A lease of `worker` written at `<root>/s` and handed to `keeper`: (store, path, bytes)."""
+    store = LocalStore()
+    path = f"{root}/s/.executor_status.lock"
+    mine = lease(worker)
+    store.write_atomic(path, mine)
+    keeper.send("hold", path, mine, interval=interval)
+    return store, path, mine
 
 
 @pytest.fixture
@@ -241,11 +258,7 @@ def test_refresh_release_and_hand_over_answer_with_the_current_bytes(keeper_and_
 
 def test_a_dropped_lease_is_no_longer_refreshed(keeper_and_root):
     keeper, root, victim = keeper_and_root
-    store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
-    mine = lease()
-    store.write_atomic(path, mine)
-    keeper.send("hold", path, mine, interval=0.2)
+    store, path, mine = hold_a_lease(keeper, root, interval=0.2)
     keeper.send("drop", path, worker="w")  # the driver then deletes the file itself
     store.delete(path)
     time.sleep(0.5)
@@ -255,11 +268,7 @@ def test_a_dropped_lease_is_no_longer_refreshed(keeper_and_root):
 
 def test_a_dropped_lease_the_keeper_had_refreshed_is_deleted_by_the_keeper(keeper_and_root):
     keeper, root, _ = keeper_and_root
-    store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
-    mine = lease()
-    store.write_atomic(path, mine)
-    keeper.send("hold", path, mine, interval=0.05)
+    store, path, mine = hold_a_lease(keeper, root, interval=0.05)
     wait_for(lambda: store.read_bytes(path) != mine, timeout=10)
     keeper.send("drop", path, worker="w")
     wait_for(lambda: store.read_bytes(path) is None, timeout=10)
@@ -267,11 +276,7 @@ def test_a_dropped_lease_the_keeper_had_refreshed_is_deleted_by_the_keeper(keepe
 
 def test_a_lease_taken_over_makes_the_keeper_kill_its_driver(keeper_and_root):
     keeper, root, victim = keeper_and_root
-    store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
-    mine = lease()
-    store.write_atomic(path, mine)
-    keeper.send("hold", path, mine, interval=0.05)
+    store, path, mine = hold_a_lease(keeper, root, interval=0.05)
     store.write_atomic(path, lease("thief"))
     assert victim.wait(timeout=10) == -signal.SIGKILL
     assert keeper.wait(timeout=10) == 3
@@ -308,11 +313,7 @@ def test_a_keeper_that_fell_behind_reads_every_queued_message_before_refreshing(
     keeper was not running (a loaded machine), with many messages queued in front of the
     drop: no takeover, the driver lives."""
     keeper, root, victim = keeper_and_root
-    store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
-    mine = lease("first")
-    store.write_atomic(path, mine)
-    keeper.send("hold", path, mine, interval=0.05)
+    store, path, mine = hold_a_lease(keeper, root, interval=0.05, worker="first")
     os.kill(keeper.pid, signal.SIGSTOP)
     try:
         for i in range(60):  # ~33 KB of other leases' messages (a pipe holds 64 KB)
@@ -335,11 +336,7 @@ def test_a_lease_deleted_by_a_driver_that_finished_the_step_counts_as_taken_over
     that disappears without one, from a step whose status another worker wrote, was taken
     over and the step finished elsewhere: the driver must stop."""
     keeper, root, victim = keeper_and_root
-    store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
-    mine = lease()
-    store.write_atomic(path, mine)
-    keeper.send("hold", path, mine, interval=0.05)
+    store, path, mine = hold_a_lease(keeper, root, interval=0.05)
     store.append_line(f"{root}/s/.executor_status", json.dumps({"status": "SUCCESS", "worker": "other"}))
     store.delete(path)
     assert victim.wait(timeout=10) == -signal.SIGKILL
@@ -347,11 +344,7 @@ def test_a_lease_deleted_by_a_driver_that_finished_the_step_counts_as_taken_over
 
 def test_a_lease_removed_with_its_whole_output_is_forgotten(keeper_and_root):
     keeper, root, victim = keeper_and_root
-    store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
-    mine = lease()
-    store.write_atomic(path, mine)
-    keeper.send("hold", path, mine, interval=0.05)
+    store, path, mine = hold_a_lease(keeper, root, interval=0.05)
     store.delete_tree(f"{root}/s")  # e.g. a test cleaning up, or `rm -r` of the tree
     time.sleep(0.5)
     assert victim.poll() is None and keeper.alive()
@@ -360,11 +353,7 @@ def test_a_lease_removed_with_its_whole_output_is_forgotten(keeper_and_root):
 
 def test_a_forgotten_lease_is_left_alone_to_go_stale(keeper_and_root):
     keeper, root, victim = keeper_and_root
-    store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
-    mine = lease()
-    store.write_atomic(path, mine)
-    keeper.send("hold", path, mine, interval=0.05)
+    store, path, mine = hold_a_lease(keeper, root, interval=0.05)
     keeper.send("forget", path, worker="w")
     time.sleep(0.3)
     assert store.read_bytes(path) == mine  # not refreshed, not deleted
@@ -417,11 +406,7 @@ def test_a_lease_whose_refresh_found_it_taken_is_no_longer_kept(keeper_and_root)
     found the lease taken: the driver reports the step lost; the keeper must not go on and
     find the same takeover at its next heartbeat (it killed the whole test suite once)."""
     keeper, root, victim = keeper_and_root
-    store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
-    mine = lease()
-    store.write_atomic(path, mine)
-    keeper.send("hold", path, mine, interval=0.3)
+    store, path, mine = hold_a_lease(keeper, root, interval=0.3)
     store.write_atomic(path, lease("thief"))
     assert keeper.ask("refresh", path, "w") == (False, None)
     time.sleep(0.8)  # past the next heartbeat
