@@ -455,7 +455,7 @@ class OutputTree:
         loaded = []
         for path in paths:
             status = statuses[status_path(path)]
-            if path in infos:
+            if info_path(path) in infos:  # no status: its info says whether it is a step
                 info = infos[info_path(path)]
                 if isinstance(info, TreeFileError):
                     loaded.append(self._parse_step(path, None, None, problems=(str(info),)))

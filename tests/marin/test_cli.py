@@ -337,6 +337,24 @@ def test_cli_on_s3(capsys, s3_env):
     assert code == 0 and "nothing to collect" in out
 
 
+def test_ls_on_s3_descends_into_every_namespace(capsys, s3_env):
+    """Several top-level directories that are not steps themselves (step names with '/'):
+    `marin ls` on an object store lists the steps inside each, not the directories."""
+    prefix = s3_env.new_prefix()
+    steps = [
+        *sample_tree.note_steps("one"),
+        ExecutorStep(name="more/third", fn=sample_tree.write_note, config=NoteConfig(this_output_path())),
+        ExecutorStep(name="other/fourth", fn=sample_tree.write_note, config=NoteConfig(this_output_path())),
+    ]
+    Executor(prefix, lease_config=FAST_LEASES, console=False).run(steps)
+    code, out, _ = marin(capsys, "ls", "--prefix", prefix)
+    assert code == 0, out
+    assert "steps (4)" in out and out.count("SUCCESS") == 4, out
+    for name in ("notes/first-", "notes/second-", "more/third-", "other/fourth-"):
+        assert name in out, out
+    assert "UNKNOWN" not in out, out
+
+
 def test_cli_on_memory_store(capsys):
     prefix = "memory://cli-test"
     Executor(prefix, lease_config=FAST_LEASES, console=False).run(sample_tree.note_steps("m"))
