@@ -23,6 +23,12 @@ The interface is deliberately small:
   read -- GCS `ifGenerationMatch`, S3 `If-None-Match: *` / `If-Match: <ETag>` -- and
   the server refuses it if the object changed since).
 
+On object stores every operation is retried after a transient error (connection reset,
+timeout, HTTP 429/5xx) that the client library did not absorb, with bounded backoff and a
+log line per retry, and a missing bucket or refused credentials is a `StoreError` naming
+the bucket and the setting to fix (`executor.retry`, `docs/buckets.md`). Local disk and
+`memory://` have no such faults and take no such detour.
+
 Local disk uses `os` calls only and never imports fsspec (its import costs more than a
 fully cached re-run of a 1,000-step experiment); `LocalStore.fs` loads fsspec's local
 filesystem the first time a caller asks for it. Other protocols import fsspec (and
@@ -40,6 +46,8 @@ import threading
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
+
+from executor import retry
 
 if TYPE_CHECKING:
     import fsspec
@@ -71,12 +79,40 @@ def _to_bytes(data: bytes | str) -> bytes:
     return data.encode("utf-8") if isinstance(data, str) else data
 
 
+_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs"})
+"""Protocols whose permanent errors `Store._io` words (bucket, credentials)."""
+
+_WRITES = frozenset({"write", "delete", "delete tree", "makedirs", "conditional write", "conditional delete"})
+
+
 class Store:
-    """fsspec-backed store; subclasses specialise atomicity for their backend."""
+    """fsspec-backed store; subclasses specialise atomicity for their backend.
+
+    Every call into `fs` goes through `_io`: retried after transient errors, permanent
+    ones (missing bucket, refused credentials) raised as one-line `StoreError`s.
+    """
 
     def __init__(self, fs: fsspec.AbstractFileSystem, protocol: str):
         self.fs = fs
         self.protocol = protocol
+        self._retry_policy = retry.RetryPolicy.from_env()
+
+    def _io(self, operation: str, path: str, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)` under the retry policy; a permanent error on an object
+        store becomes a StoreError naming the bucket and the setting to fix."""
+        try:
+            return retry.call(operation, path, fn, *args, policy=self._retry_policy, **kwargs)
+        except StoreError:
+            raise
+        except Exception as error:
+            if self.protocol not in _OBJECT_STORES:
+                raise
+            kind = retry.permanent_kind(error)
+            if kind is None and operation in _WRITES and isinstance(error, FileNotFoundError):
+                kind = "bucket"  # a write finds nothing missing but its bucket
+            if kind is None:
+                raise
+            raise StoreError(retry.permanent_message(kind, self.protocol, path, error)) from error
 
     # -- naming ---------------------------------------------------------------
     def fs_path(self, path: str) -> str:
@@ -87,7 +123,7 @@ class Store:
     def read_bytes(self, path: str) -> bytes | None:
         # cat_file is one GET on object stores; open() would first ask for the size (HEAD).
         try:
-            return self.fs.cat_file(self.fs_path(path))
+            return self._io("read", path, self.fs.cat_file, self.fs_path(path))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
@@ -96,14 +132,19 @@ class Store:
         return None if data is None else data.decode("utf-8")
 
     def exists(self, path: str) -> bool:
-        return self.fs.exists(self.fs_path(path))
+        return self._io("exists", path, self.fs.exists, self.fs_path(path))
 
     def list_dir(self, path: str) -> list[FileInfo]:
         """Direct children of `path`; empty when it does not exist."""
-        # Listings must be fresh: another driver may have written since (s3fs caches them).
-        self.fs.invalidate_cache(self.fs_path(path))
+
+        def fresh_listing():
+            # Listings must be fresh: another driver may have written since (s3fs caches
+            # them), and so must a retried one.
+            self.fs.invalidate_cache(self.fs_path(path))
+            return self.fs.ls(self.fs_path(path), detail=True)
+
         try:
-            entries = self.fs.ls(self.fs_path(path), detail=True)
+            entries = self._io("list", path, fresh_listing)
         except (FileNotFoundError, NotADirectoryError):
             return []
         base = self.fs._strip_protocol(self.fs_path(path)).rstrip("/")
@@ -136,10 +177,12 @@ class Store:
         fs_path = self.fs_path(path)
         try:
             if limit is None:
-                return self.fs.cat_file(fs_path), True
-            data = self.fs.cat_file(fs_path, start=-limit)  # one suffix-range GET
+                return self._io("read", path, self.fs.cat_file, fs_path), True
+            data = self._io("read", path, self.fs.cat_file, fs_path, start=-limit)  # one suffix-range GET
         except (FileNotFoundError, NotADirectoryError):
             return None, True
+        except StoreError:
+            raise
         except OSError:
             if limit is None:
                 raise
@@ -154,13 +197,19 @@ class Store:
 
     # -- writes ---------------------------------------------------------------
     def makedirs(self, path: str) -> None:
-        self.fs.makedirs(self.fs_path(path), exist_ok=True)
+        self._io("makedirs", path, self.fs.makedirs, self.fs_path(path), exist_ok=True)
 
     def write_atomic(self, path: str, data: bytes | str) -> None:
         # No makedirs: object stores have no directories (s3fs would create a marker
-        # object), and fsspec's memory filesystem creates parents itself.
-        with self.fs.open(self.fs_path(path), "wb") as handle:
-            handle.write(_to_bytes(data))
+        # object), and fsspec's memory filesystem creates parents itself. A retry sends
+        # the whole object again: a PUT publishes it whole or not at all.
+        payload = _to_bytes(data)
+
+        def put() -> None:
+            with self.fs.open(self.fs_path(path), "wb") as handle:
+                handle.write(payload)
+
+        self._io("write", path, put)
 
     def append_line(self, path: str, line: bytes | str) -> None:
         """Add `line` and a newline at the end of `path` (created if absent).
@@ -176,11 +225,11 @@ class Store:
 
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self.fs_path(path))
+            self._io("delete", path, self.fs.rm, self.fs_path(path))
 
     def delete_tree(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self.fs_path(path), recursive=True)
+            self._io("delete tree", path, self.fs.rm, self.fs_path(path), recursive=True)
 
     def _locked(self, path: str):
         return contextlib.nullcontext()
@@ -203,6 +252,8 @@ class Store:
         try:
             self.write_atomic(probe, b"probe")
             self.delete(probe)
+        except StoreError:
+            raise  # already one line naming the bucket and the setting to fix
         except Exception as error:  # any backend error means the same thing to the user
             raise StoreError(
                 f"cannot write to the prefix {prefix}: {type(error).__name__}: {error}. "
@@ -213,6 +264,8 @@ class Store:
     def check_readable(self, prefix: str) -> None:
         try:
             self.list_dir(prefix)
+        except StoreError:
+            raise
         except Exception as error:
             raise StoreError(f"cannot read the prefix {prefix}: {type(error).__name__}: {error}") from error
 
@@ -485,15 +538,36 @@ class ConditionalStore(Store):
         """Delete only if the object has `version`, else raise _PreconditionFailed."""
         raise NotImplementedError
 
+    def _bucket_exists(self, bucket: str) -> bool:
+        """Whether `bucket` exists (one request); permanent errors raise like any call."""
+        raise NotImplementedError
+
+    def _check_bucket(self, prefix: str) -> None:
+        # A listing of a missing bucket reads as empty, and some servers (SeaweedFS) create a
+        # bucket on the first write into it: ask for the bucket itself (one request).
+        bucket = retry.bucket_of(prefix)
+        if not self._io("bucket check", prefix, self._bucket_exists, bucket):
+            raise StoreError(retry.permanent_message("bucket", self.protocol, prefix, None))
+
+    def check_readable(self, prefix: str) -> None:
+        self._check_bucket(prefix)
+        super().check_readable(prefix)
+
+    def check_writable(self, prefix: str) -> None:
+        self._check_bucket(prefix)
+        super().check_writable(prefix)
+
     def compare_and_swap(self, path: str, expected: bytes | str | None, new: bytes | str | None) -> bool:
-        current, version = self._read_versioned(path)
+        # Each request is retried alone. A retried conditional write whose first try
+        # reached the server meets its own write and reads as a lost race (see above).
+        current, version = self._io("versioned read", path, self._read_versioned, path)
         if current != (None if expected is None else _to_bytes(expected)):
             return False
         try:
             if new is not None:
-                self._put_if(path, _to_bytes(new), version)
+                self._io("conditional write", path, self._put_if, path, _to_bytes(new), version)
             elif version is not None:
-                self._delete_if(path, version)
+                self._io("conditional delete", path, self._delete_if, path, version)
         except _PreconditionFailed:
             return False
         finally:
@@ -512,6 +586,13 @@ class GCSStore(ConditionalStore):
     ignores preconditions on DELETE, so against the emulator a release that races a
     takeover is still read-compare-delete; real GCS honours them.
     """
+
+    def _bucket_exists(self, bucket: str) -> bool:
+        try:
+            self.fs.call("GET", "b/{}", bucket, json_out=True)
+        except FileNotFoundError:
+            return False
+        return True
 
     def _read_versioned(self, path: str) -> tuple[bytes | None, str | None]:
         try:
@@ -577,6 +658,18 @@ class S3Store(ConditionalStore):
     def _bucket_key(self, path: str) -> tuple[str, str]:
         bucket, key, _ = self.fs.split_path(path)
         return bucket, key
+
+    def _bucket_exists(self, bucket: str) -> bool:
+        try:
+            self.fs.call_s3("head_bucket", Bucket=bucket)
+        except FileNotFoundError:
+            return False
+        except OSError as error:
+            status, code = retry.status_and_code(error.__cause__ or error)
+            if status == 404 or code in ("404", "NoSuchBucket"):
+                return False
+            raise
+        return True
 
     def _read_versioned(self, path: str) -> tuple[bytes | None, str | None]:
         bucket, key = self._bucket_key(path)
@@ -672,6 +765,8 @@ def open_store(prefix: str) -> Store:
             f"no filesystem for {prefix!r}: {error}. Install the fsspec backend for {protocol}:// "
             "(s3fs for s3://, gcsfs for gs://)"
         ) from error
+    if protocol in _OBJECT_STORES:
+        retry.observe_client_retries(fs)  # the client's own retries show in the log too
     if protocol in ("gs", "gcs"):
         return GCSStore(fs, protocol)
     if protocol in ("s3", "s3a"):
