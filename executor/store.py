@@ -82,7 +82,8 @@ def _to_bytes(data: bytes | str) -> bytes:
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs"})
 """Protocols whose permanent errors `Store._io` words (bucket, credentials)."""
 
-_WRITES = frozenset({"write", "delete", "delete tree", "makedirs", "conditional write", "conditional delete"})
+_UPLOADS = frozenset({"write", "conditional write"})
+"""Operations that cannot meet a missing object: a FileNotFoundError there (GCS's 404) is the bucket's."""
 
 
 class Store:
@@ -108,8 +109,8 @@ class Store:
             if self.protocol not in _OBJECT_STORES:
                 raise
             kind = retry.permanent_kind(error)
-            if kind is None and operation in _WRITES and isinstance(error, FileNotFoundError):
-                kind = "bucket"  # a write finds nothing missing but its bucket
+            if kind is None and operation in _UPLOADS and isinstance(error, FileNotFoundError):
+                kind = "bucket"
             if kind is None:
                 raise
             raise StoreError(retry.permanent_message(kind, self.protocol, path, error)) from error
@@ -201,15 +202,11 @@ class Store:
 
     def write_atomic(self, path: str, data: bytes | str) -> None:
         # No makedirs: object stores have no directories (s3fs would create a marker
-        # object), and fsspec's memory filesystem creates parents itself. A retry sends
-        # the whole object again: a PUT publishes it whole or not at all.
-        payload = _to_bytes(data)
-
-        def put() -> None:
-            with self.fs.open(self.fs_path(path), "wb") as handle:
-                handle.write(payload)
-
-        self._io("write", path, put)
+        # object), and fsspec's memory filesystem creates parents itself. One request: a
+        # PUT (S3) or a multipart upload (GCS; a file handle would make a resumable upload
+        # session, two requests), which publishes the object whole or not at all, so a
+        # retry sends it whole again.
+        self._io("write", path, self.fs.pipe_file, self.fs_path(path), _to_bytes(data))
 
     def append_line(self, path: str, line: bytes | str) -> None:
         """Add `line` and a newline at the end of `path` (created if absent).
