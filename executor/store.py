@@ -47,8 +47,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from executor import retry
-
 if TYPE_CHECKING:
     import fsspec
 
@@ -96,11 +94,15 @@ class Store:
     def __init__(self, fs: fsspec.AbstractFileSystem, protocol: str):
         self.fs = fs
         self.protocol = protocol
+        from executor import retry  # here: local disk never needs it (import cost)
+
         self._retry_policy = retry.RetryPolicy.from_env()
 
     def _io(self, operation: str, path: str, fn, *args, **kwargs):
         """`fn(*args, **kwargs)` under the retry policy; a permanent error on an object
         store becomes a StoreError naming the bucket and the setting to fix."""
+        from executor import retry
+
         try:
             return retry.call(operation, path, fn, *args, policy=self._retry_policy, **kwargs)
         except StoreError:
@@ -542,6 +544,8 @@ class ConditionalStore(Store):
     def _check_bucket(self, prefix: str) -> None:
         # A listing of a missing bucket reads as empty, and some servers (SeaweedFS) create a
         # bucket on the first write into it: ask for the bucket itself (one request).
+        from executor import retry
+
         bucket = retry.bucket_of(prefix)
         if not self._io("bucket check", prefix, self._bucket_exists, bucket):
             raise StoreError(retry.permanent_message("bucket", self.protocol, prefix, None))
@@ -662,6 +666,8 @@ class S3Store(ConditionalStore):
         except FileNotFoundError:
             return False
         except OSError as error:
+            from executor import retry
+
             status, code = retry.status_and_code(error.__cause__ or error)
             if status == 404 or code in ("404", "NoSuchBucket"):
                 return False
@@ -763,6 +769,8 @@ def open_store(prefix: str) -> Store:
             "(s3fs for s3://, gcsfs for gs://)"
         ) from error
     if protocol in _OBJECT_STORES:
+        from executor import retry
+
         retry.observe_client_retries(fs)  # the client's own retries show in the log too
     if protocol in ("gs", "gcs"):
         return GCSStore(fs, protocol)
