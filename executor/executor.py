@@ -31,7 +31,7 @@ from executor.provenance import (
     write_experiment_info,
 )
 from executor.runner import DEFAULT_MAX_RETRIES, ExecutorRunError, Outcome, Runner
-from executor.steps import ExecutorStep
+from executor.steps import ExecutorStep, InputName
 from executor.store import normalize_prefix, open_store
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class Executor:
 
     def run(
         self,
-        steps: Sequence[ExecutorStep],
+        steps: Sequence[ExecutorStep | InputName],
         dry_run: bool = False,
         run_only: Sequence[str] | None = None,
         force_run_failed: bool = True,
@@ -110,7 +110,7 @@ class Executor:
         """
         self._reset()
         started = time.time()
-        steps = list(steps)
+        steps = _declared_steps(steps)
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         script = caller_script()
@@ -242,6 +242,20 @@ class Executor:
             self.output_paths[declaration] = resolved.output_path
             self.configs[declaration] = resolved.config
             self.versions[declaration] = resolved.version
+
+
+def _declared_steps(steps: Sequence[ExecutorStep | InputName]) -> list[ExecutorStep]:
+    """The steps to run; an `InputName` (`step.as_input_name()`, `step / "sub"`) stands for
+    its step, as in Marin. A hard-coded path names no step: nothing to run (warned)."""
+    declared = []
+    for step in steps:
+        if isinstance(step, InputName):
+            if step.step is None:
+                logger.warning("steps: %r is a hard-coded path, not a step; nothing to run for it", step)
+                continue
+            step = step.step
+        declared.append(step)
+    return declared
 
 
 KEEPER_PROTOCOLS = ("file", "s3", "s3a", "gs", "gcs")

@@ -44,7 +44,7 @@ from executor.executor import Executor
 from executor.lease import LeaseConfig
 from executor.plan import RunOnlyError, compile_run_only
 from executor.runner import ExecutorRunError
-from executor.steps import ExecutorStep, StepDefinitionError
+from executor.steps import ExecutorStep, InputName, StepDefinitionError
 
 DEFAULT_PREFIX = "./marin-output"
 
@@ -120,7 +120,7 @@ def resolve_prefix(prefix: Optional[str]) -> str:
     return prefix or os.environ.get("MARIN_PREFIX") or DEFAULT_PREFIX
 
 
-def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):
+def executor_main(steps: list[ExecutorStep | InputName], description: Optional[str] = None):
     """Run `steps` with the flags given on the command line (see ExecutorMainConfig). Returns the Executor.
 
     Exits (SystemExit) with one `error: ...` line on stderr when something is wrong; see the
@@ -159,7 +159,7 @@ def executor_main(steps: list[ExecutorStep], description: Optional[str] = None):
             force_run_failed=config.force_run_failed,
             max_concurrent=config.max_concurrent,
         )
-    except RunOnlyError as error:  # the patterns select no step
+    except RunOnlyError as error:  # an invalid pattern (parse_flags checks them first)
         _exit(f"--{error}" if str(error).startswith("run_only") else str(error), EXIT_USAGE)
     except (ExecutorRunError, ValueError) as error:  # StepDefinitionError, StatusFileError, ...
         _exit(str(error), EXIT_FAILED)

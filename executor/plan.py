@@ -12,9 +12,9 @@ reason. Two things no other executor tells you:
 
 Selection: the steps passed to `run` and, through blocking inputs, everything they
 need. Nonblocking parents are not run unless a blocking child needs them or `run_only`
-selects them. With `run_only`, only steps whose names match one of the regexes (from
-the start of the name, as in Marin) run, plus their blocking dependencies that have
-not succeeded.
+selects them. With `run_only`, only steps whose names match one of the regexes
+(anywhere in the name: `re.search`, as in Marin) run, plus their blocking dependencies
+that have not succeeded; a pattern that matches no step is warned about, not refused.
 
 A step whose status file cannot be read (truncated, not UTF-8, an unknown status, a
 directory) is planned as an error naming the file and the fix; it never stops the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import re
 import time
 from collections.abc import Sequence
@@ -45,6 +46,8 @@ from executor.tree import (
     utc_now_iso,
 )
 
+logger = logging.getLogger(__name__)
+
 READ_PARALLELISM = 16
 """Concurrent status reads: object stores answer one request per round trip."""
 
@@ -64,7 +67,7 @@ StepStatus = StatusEvent | StatusFileError | None
 
 
 class RunOnlyError(ValueError):
-    """The `run_only` patterns are invalid or select nothing (a usage error)."""
+    """The `run_only` patterns are invalid (a usage error)."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,20 @@ def _succeeded(status: StepStatus) -> bool:
     return isinstance(status, StatusEvent) and status.status == Status.SUCCESS
 
 
+RUN_ONLY_NAMES_SHOWN = 20
+"""Step names listed in the warning for a `run_only` pattern that matches nothing."""
+
+
+def run_only_warning(unused: Sequence[str], graph: StepGraph) -> str:
+    """`run_only pattern(s) 'x' match no step; the steps are: a, b, ...` (names sorted, capped)."""
+    names = sorted({s.name for s in graph.steps})
+    shown = ", ".join(names[:RUN_ONLY_NAMES_SHOWN])
+    if len(names) > RUN_ONLY_NAMES_SHOWN:
+        shown += f", ... ({len(names) - RUN_ONLY_NAMES_SHOWN} more)"
+    quoted = ", ".join(repr(pattern) for pattern in unused)
+    return f"run_only pattern{'s' if len(unused) > 1 else ''} {quoted} match no step; the steps are: {shown}"
+
+
 def select_steps(
     graph: StepGraph,
     roots: Sequence[ExecutorStep],
@@ -210,11 +227,17 @@ def select_steps(
         wanted = [graph.resolved(root).output_path for root in roots]
         expand_succeeded = True
     else:
-        wanted = [s.output_path for s in graph.steps if any(p.match(s.name) for p in run_only)]
-        if not wanted:
-            names = ", ".join(sorted({s.name for s in graph.steps}))
-            patterns = ", ".join(p.pattern for p in run_only)
-            raise RunOnlyError(f"run_only patterns ({patterns}) match no step; the steps are: {names}")
+        # As in Marin: a pattern may match anywhere in the name (re.search), and one that
+        # matches nothing is a warning, not an error (the other patterns still select).
+        wanted, used = [], set()
+        for s in graph.steps:
+            hits = [p for p in run_only if p.search(s.name)]
+            if hits:
+                wanted.append(s.output_path)
+                used.update(p.pattern for p in hits)
+        unused = [p.pattern for p in run_only if p.pattern not in used]
+        if unused:
+            logger.warning("%s", run_only_warning(unused, graph))
         expand_succeeded = False
     selected: set[str] = set()
     stack = list(wanted)

@@ -117,7 +117,8 @@ class ExecutorRunError(RuntimeError):
 
     def __init__(self, failures: list[Failure]):
         self.failures = failures
-        lines = [f"{len(failures)} step(s) did not succeed:"]
+        # Marin's first line, word for word (scripts and CI logs grep for it); then ours.
+        lines = [f"{len(failures)} step(s) failed: {sorted(failure.name for failure in failures)}"]
         for failure in failures:
             where = f"\n      log: {failure.log_path}" if failure.log_path else ""
             lines.append(f"  - {failure.name} [{failure.outcome.value}] {failure.error}{where}")

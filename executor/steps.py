@@ -152,6 +152,10 @@ class ExecutorStep(Generic[ConfigT]):
     def __truediv__(self, name: str) -> InputName:
         return self.cd(name)
 
+    def as_input_name(self) -> InputName:
+        """This step's whole output as an input (Marin's name for `output_path_of(step)`)."""
+        return InputName(self, None)
+
     def nonblocking(self) -> InputName:
         """This step's output as an input that does not wait for the step to run."""
         return InputName(self, None, block_on_step=False)

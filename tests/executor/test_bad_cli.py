@@ -154,7 +154,6 @@ def only_the_script(tmp_path: Path) -> None:
         (["--run_only", "["], ["--run_only", "invalid regular expression '['"]),
         (["--run_only", '["a", "("]'], ["--run_only", "invalid regular expression '('"]),
         (["--run_only", "[1, 2]"], ["--run_only '[1, 2]'", "JSON list of regexes"]),
-        (["--run_only", "nothing.*"], ["--run_only patterns (nothing.*) match no step", "a, b, c"]),
         (["--dry_run", "maybe"], ["--dry_run", "'maybe'", "true or false"]),
         (["--force_run_failed", "perhaps"], ["--force_run_failed", "'perhaps'"]),
         (["--no_such_flag", "1"], ["unrecognized arguments: --no_such_flag 1"]),
@@ -176,6 +175,16 @@ def test_a_bad_flag_is_one_usage_error_line(tmp_path, args, fragments):
     result = run_study(tmp_path, "--prefix", str(prefix), *args)
     error_line(result, 2, *fragments)
     assert (sorted(prefix.rglob("*")) if prefix.exists() else []) == []
+
+
+def test_run_only_matching_no_step_is_a_warning_and_runs_nothing(tmp_path):
+    """As in Marin: exit 0, one warning naming the pattern and the steps; nothing written."""
+    prefix = tmp_path / "out"
+    result = run_study(tmp_path, "--prefix", str(prefix), "--run_only", "nothing.*")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "error: " not in result.stderr
+    assert "run_only pattern 'nothing.*' match no step; the steps are: a, b, c" in result.stderr
+    assert not any(p.name.startswith(("a-", "b-", "c-")) for p in prefix.rglob("*"))
 
 
 @pytest.mark.parametrize(

@@ -183,7 +183,7 @@ class RaisingExecutor:
         (RunOnlyError("something else"), "run", 2, "something else"),
         (StepDefinitionError("step 'a': bad"), "run", 1, "step 'a': bad"),
         (ValueError("cannot read the status file"), "run", 1, "cannot read the status file"),
-        (ExecutorRunError([]), "run", 1, "0 step(s) did not succeed:"),
+        (ExecutorRunError([]), "run", 1, "0 step(s) failed: []"),
         (StoreError("cannot write /p/x: full"), "run", 1, "cannot write /p/x: full"),
         (
             FileNotFoundError(errno.ENOENT, "No such file or directory", "/p/x"),
@@ -215,7 +215,7 @@ def test_an_unreadable_status_file_exits_1_naming_it(run_main, tmp_path):
         handle.write("garbage\n")
     code, _, _, err = run_main([write_step("a")], "--prefix", str(prefix))
     assert code == 1
-    assert err.startswith("error: 1 step(s) did not succeed:")
+    assert err.startswith("error: 1 step(s) failed: [")
     assert f"cannot read the status file {status}" in err
 
 

@@ -8,6 +8,8 @@ Through `Executor.run(dry_run=True)` and `make_plan`, and the plan's rows and ta
 
 from __future__ import annotations
 
+import logging
+
 import os
 import shutil
 import time
@@ -240,20 +242,41 @@ def test_compile_run_only_names_a_pattern_that_is_not_a_string():
     assert str(raised.value) == "run_only: expected regexes (strings), got int 3"
 
 
-def test_run_only_matching_nothing_lists_the_patterns_and_every_step_once_sorted(tmp_path):
+def test_run_only_matching_nothing_warns_with_the_patterns_and_every_step_once_sorted(tmp_path, caplog):
     a = step("zeta", 1)
     b = step("alpha", 2, inputs=[output_path_of(a)])
-    with pytest.raises(RunOnlyError) as raised:
-        dry_run(str(tmp_path), [b], run_only=["nope", "nada"])
-    assert str(raised.value) == "run_only patterns (nope, nada) match no step; the steps are: alpha, zeta"
+    with caplog.at_level(logging.WARNING, logger="executor.plan"):
+        plan = dry_run(str(tmp_path), [b], run_only=["nope", "nada"])
+    assert list(plan.rows) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "run_only patterns 'nope', 'nada' match no step; the steps are: alpha, zeta"
+    ]
 
 
-def test_run_only_matches_from_the_start_of_the_name(tmp_path):
+def test_run_only_warns_only_about_the_pattern_that_matched_nothing(tmp_path, caplog):
+    a, b = step("data/a", 1), step("train/a", 2)
+    with caplog.at_level(logging.WARNING, logger="executor.plan"):
+        rows = dry_run(str(tmp_path), [a, b], run_only=["^train", "nothing"]).rows
+    assert [r.name for r in rows] == ["train/a"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "run_only pattern 'nothing' match no step; the steps are: data/a, train/a"
+    ]
+
+
+def test_run_only_warning_lists_at_most_twenty_names(tmp_path, caplog):
+    steps = [step(f"s{i:02d}", i) for i in range(25)]
+    with caplog.at_level(logging.WARNING, logger="executor.plan"):
+        dry_run(str(tmp_path), steps, run_only=["zzz"])
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.endswith("s18, s19, ... (5 more)") and "s20" not in message
+
+
+def test_run_only_matches_anywhere_in_the_name_as_marin_does(tmp_path):
     a = step("data/a", 1)
     b = step("train/a", 2)
-    with pytest.raises(RunOnlyError):
-        dry_run(str(tmp_path), [a, b], run_only=["a"])  # found inside both names, at the start of neither
-    rows = dry_run(str(tmp_path), [a, b], run_only=["train"]).rows
+    rows = dry_run(str(tmp_path), [a, b], run_only=["a$"]).rows  # re.search: the end of both names
+    assert [r.name for r in rows] == ["data/a", "train/a"]
+    rows = dry_run(str(tmp_path), [a, b], run_only=["rain"]).rows
     assert [r.name for r in rows] == ["train/a"]
 
 

@@ -94,7 +94,7 @@ def test_a_mixed_run_counts_succeeded_skipped_and_failed_steps_and_lists_each_fa
         ("bad", bad_path, Outcome.FAILED, "RuntimeError: boom in bad", log_path(bad_path)),
     ]
     assert str(raised.value) == (
-        f"1 step(s) did not succeed:\n  - bad [failed] RuntimeError: boom in bad\n      log: {log_path(bad_path)}"
+        f"1 step(s) failed: ['bad']\n  - bad [failed] RuntimeError: boom in bad\n      log: {log_path(bad_path)}"
     )
     (dep_failed,) = [e for e in events_of(executor, StepFailed) if e.kind == "dep_failed"]
     assert (dep_failed.name, dep_failed.output_path, dep_failed.error) == (
