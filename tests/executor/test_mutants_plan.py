@@ -9,7 +9,6 @@ Through `Executor.run(dry_run=True)` and `make_plan`, and the plan's rows and ta
 from __future__ import annotations
 
 import logging
-
 import os
 import shutil
 import time
