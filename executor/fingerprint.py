@@ -14,7 +14,9 @@ Encoding choices:
   of different classes with the same fields are different versions;
 - enums become `"EnumClass.MEMBER"`; paths their POSIX string; tuples are lists;
 - sets are sorted by their elements' canonical JSON, so they are deterministic;
-- NaN and infinities are refused: JSON cannot carry them and NaN != NaN.
+- NaN and infinities are refused: JSON cannot carry them and NaN != NaN;
+- what Marin's configs also version: `timedelta`, numpy/JAX dtypes and scalar types, and
+  small numpy/JAX arrays (see `_encode_library_value`).
 
 Limits: a value nests at most `MAX_DEPTH` (100) containers deep, and a step's whole
 version encodes to at most `MAX_VERSION_BYTES` (1 MiB) of canonical JSON. Both are far
@@ -31,6 +33,7 @@ import functools
 import hashlib
 import json
 import math
+import sys
 from pathlib import PurePath
 from typing import Any
 
@@ -146,6 +149,9 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
         return out
     if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
         return encode(value.item(), path, strict, depth)
+    special = _encode_library_value(value, path, strict, depth)
+    if special is not _NOT_SPECIAL:
+        return special
     if strict:
         why = (
             f"value of type {_describe(value)} has no deterministic encoding; version a plain "
@@ -156,6 +162,72 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
         return f"{getattr(value, '__module__', '?')}:{value.__qualname__}"
     text = repr(value)
     return f"<{_describe(value)}>" if " at 0x" in text else text
+
+
+MAX_ARRAY_ELEMENTS = 4096
+"""Largest array (numpy or JAX) a config may version; a bigger one is data, not a setting."""
+
+_NOT_SPECIAL = object()
+_ARRAY_MODULES = ("numpy", "jax", "jaxlib", "ml_dtypes")
+
+
+def _encode_library_value(value: Any, path: str, strict: bool, depth: int) -> Any:
+    """Values Marin's configs version that are not plain Python (`_NOT_SPECIAL` otherwise):
+
+    - `datetime.timedelta` -> `{"__type__": "timedelta", "days", "seconds", "microseconds"}`
+      (Marin's fields, and our type tag so it never equals a dict with those keys);
+    - numpy/JAX dtypes and scalar types (`np.float32`, `jnp.bfloat16`, `np.dtype("int8")`)
+      -> `{"__dtype__": name}` (the dtype's name: the same on every platform);
+    - numpy and JAX arrays of at most MAX_ARRAY_ELEMENTS -> `{"__ndarray__": {"dtype",
+      "shape", "data"}}`, data flattened in C order (0-d arrays are their scalar).
+
+    numpy is imported only for a value from one of those libraries (so it is loaded already).
+    """
+    kind = type(value)
+    datetime = sys.modules.get("datetime")
+    if datetime is not None and isinstance(value, datetime.timedelta):
+        return {
+            "__type__": "timedelta",
+            "days": value.days,
+            "seconds": value.seconds,
+            "microseconds": value.microseconds,
+        }
+    module = (value.__module__ if isinstance(value, type) else kind.__module__) or ""
+    if not module.startswith(_ARRAY_MODULES) and not (isinstance(value, type) and hasattr(value, "dtype")):
+        return _NOT_SPECIAL
+    import numpy as np
+
+    if isinstance(value, np.dtype):
+        return {"__dtype__": value.name}
+    if isinstance(value, type) or (not hasattr(value, "shape") and hasattr(value, "dtype")):
+        for candidate in (value, getattr(value, "dtype", None)):  # np.float32; jnp.bfloat16's `.dtype`
+            try:
+                return {"__dtype__": np.dtype(candidate).name}
+            except TypeError:
+                continue
+        return _NOT_SPECIAL
+    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+        return _NOT_SPECIAL
+    array = np.asarray(value)
+    if array.ndim == 0:
+        return encode(array.item(), path, strict, depth)
+    if array.size > MAX_ARRAY_ELEMENTS:
+        raise UnencodableValueError(
+            path,
+            value,
+            f"an array of {array.size:,} elements is too large to version (at most "
+            f"{MAX_ARRAY_ELEMENTS:,}); version its source (a path, a seed) instead",
+        )
+    flat = array.ravel()
+    if flat.dtype.kind == "V":  # ml_dtypes (bfloat16, float8...): exact as float64
+        flat = flat.astype(np.float64)
+    return {
+        "__ndarray__": {
+            "data": encode(flat.tolist(), path, strict, depth),
+            "dtype": array.dtype.name,
+            "shape": list(array.shape),
+        }
+    }
 
 
 _PLAIN_DATACLASS_FIELDS: dict[type, tuple[str, ...]] = {}

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import PurePosixPath
 from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from executor import ExecutorStep, InputName, output_path_of, this_output_path, versioned
@@ -194,6 +197,25 @@ ENCODED_LEAVES = [
     ({"b": 1, "a": 2, 3: 4}, '{"3":4,"a":2,"b":1}'),
     (frozenset({3, 1, 2}), "[1,2,3]"),
     (Leaf(), '{"__type__":"Leaf","label":"feuille","weight":0.5}'),
+    (
+        timedelta(days=2, seconds=3, microseconds=4),
+        '{"__type__":"timedelta","days":2,"microseconds":4,"seconds":3}',
+    ),
+    (timedelta(hours=-1), '{"__type__":"timedelta","days":-1,"microseconds":0,"seconds":82800}'),
+    (np.float32, '{"__dtype__":"float32"}'),
+    (jnp.float32, '{"__dtype__":"float32"}'),
+    (jnp.bfloat16, '{"__dtype__":"bfloat16"}'),
+    (np.dtype("int8"), '{"__dtype__":"int8"}'),
+    (np.float32(0.25), "0.25"),
+    (jnp.float32(2.5), "2.5"),
+    (
+        np.array([[1, 0], [0, 1]], dtype=np.int32),
+        '{"__ndarray__":{"data":[1,0,0,1],"dtype":"int32","shape":[2,2]}}',
+    ),
+    (
+        jnp.array([0.5, 1.5], dtype=jnp.bfloat16),
+        '{"__ndarray__":{"data":[0.5,1.5],"dtype":"bfloat16","shape":[2]}}',
+    ),
 ]
 
 
@@ -215,9 +237,57 @@ LEAF_IDS = [
     "int-key-dict",
     "frozenset",
     "dataclass",
+    "timedelta",
+    "negative-timedelta",
+    "numpy-scalar-type",
+    "jax-scalar-type",
+    "jax-bfloat16-type",
+    "numpy-dtype",
+    "numpy-scalar",
+    "jax-scalar",
+    "numpy-array",
+    "jax-array",
 ]
 
 
 @pytest.mark.parametrize(("value", "expected"), ENCODED_LEAVES, ids=LEAF_IDS)
 def test_each_kind_of_value_encodes_to_exactly_this_json(value, expected):
     assert canonical_json(encode(value)) == expected
+
+
+def marin_values_step() -> ExecutorStep:
+    """Values Marin's configs version that are not plain Python (issue 12)."""
+    return ExecutorStep(
+        "marin/values",
+        noop,
+        GoldenConfig(
+            misc=versioned(
+                {
+                    "every": timedelta(hours=1, microseconds=5),
+                    "compute_dtype": jnp.bfloat16,
+                    "param_dtype": np.dtype("float32"),
+                    "index_type": np.int8,
+                    "mask": np.array([[1, 0], [0, 1]], dtype=np.int32),
+                    "scales": jnp.array([0.5, 1.5], dtype=jnp.float32),
+                    "lr": np.float32(0.25),
+                }
+            )
+        ),
+    )
+
+
+# Computed once (issue 12's encodings) and written down literally; see the module docstring.
+GOLDEN_MARIN_VALUES_HASH = "ed64f209d927e16731ce39dceb7fce3672bc94bf4dd0f1af6e959c801d3ac464"
+
+
+def test_the_version_hash_of_marin_style_values_never_changes():
+    step = marin_values_step()
+    assert resolve([step], "/golden/prefix").resolved(step).version_hash == GOLDEN_MARIN_VALUES_HASH
+
+
+def test_an_array_too_large_to_version_is_refused_naming_the_field():
+    from executor import StepDefinitionError
+
+    step = ExecutorStep("big", noop, GoldenConfig(misc=versioned({"table": np.zeros(5000)})))
+    with pytest.raises(StepDefinitionError, match=r"misc\.table.*5,000 elements is too large to version"):
+        resolve([step], "/golden/prefix")
