@@ -42,6 +42,7 @@ from typing import Any
 
 import fsspec
 
+from operations.buckets import configure as configure_buckets
 from operations.shards import join, read_json, write_json_atomic, write_stats
 from operations.train import LlamaSpec
 
@@ -98,6 +99,7 @@ class EvalConfig:
 
 def evaluate(config: EvalConfig) -> None:
     """Evaluate the checkpoint on every domain; write results.json and stats.json."""
+    configure_buckets()  # checkpoint, caches and results may be on s3:// or gs://
     _check(config)
     results_path = join(config.output_path, RESULTS_FILE)
     if read_json(results_path) is not None:

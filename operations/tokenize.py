@@ -66,6 +66,8 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import orjson
 
+from operations.buckets import configure as configure_buckets
+from operations.buckets import is_bucket, local_input_copy, ray_builder_problem
 from operations.ray_util import ensure_ray, ray_connected
 from operations.shards import (
     is_local,
@@ -98,9 +100,9 @@ class TokenizeConfig:
     """Document shards to tokenize (a directory of shards or one shard)."""
 
     tokenizer: str
-    """Tokenizer directory (e.g. the output of operations.tokenizer; a local path is safest,
-    Levanter loads fsspec URLs too) or a Hugging Face hub name where the hub is reachable.
-    Training must use the same tokenizer."""
+    """Tokenizer directory (e.g. the output of operations.tokenizer), local or on s3:// / gs://
+    (read through a temporary local copy), or a Hugging Face hub name where the hub is
+    reachable. Training must use the same tokenizer."""
 
     output_path: str
     """Directory for the train/ and validation/ caches, the split counts and stats.json."""
@@ -133,6 +135,7 @@ class TokenizeConfig:
 def tokenize(config: TokenizeConfig) -> None:
     """Build both Levanter caches (validation first), then write stats.json."""
     _check(config)
+    configure_buckets()
     started = time.perf_counter()
     build_caches(config)
     logger.info("tokenize: caches %.1f s", time.perf_counter() - started)
@@ -149,15 +152,13 @@ def _check(config: TokenizeConfig) -> None:
         raise ValueError(f"TokenizeConfig.builder={config.builder!r}: must be one of {', '.join(BUILDERS)}")
     if config.num_shard_groups is not None and config.num_shard_groups < 1:
         raise ValueError(f"TokenizeConfig.num_shard_groups={config.num_shard_groups}: must be >= 1 or None")
-    if config.output_path.startswith("s3://"):
-        # Levanter's cache arrays go through tensorstore, which (with this Levanter) writes an
-        # s3:// path to a local folder named "s3:" without an error: refuse rather than mark a
-        # step successful whose data no other machine can read.
-        raise ValueError(
-            f"TokenizeConfig.output_path={config.output_path!r}: s3:// is not supported for Levanter "
-            "caches yet (tensorstore would write them under a local folder named 's3:'); use a local "
-            "prefix or gs://"
-        )
+    if config.builder == "ray":
+        problem = ray_builder_problem(config.output_path)
+        if problem:
+            raise ValueError(
+                f"TokenizeConfig.builder='ray' with output_path={config.output_path!r}: {problem}; "
+                "use builder='in_process' (or 'auto' outside Ray)"
+            )
 
 
 # ---------------------------------------------------------------------------- split
@@ -340,14 +341,24 @@ def lm_data_config(
     from levanter.data.text import TextLmDatasetFormat, UrlSingleDatasetLMConfig
     from levanter.store.cache import CacheOptions
 
-    return UrlSingleDatasetLMConfig(
-        tokenizer=_absolute(tokenizer_path) if _is_local_dir(tokenizer_path) else tokenizer_path,
+    configure_buckets()  # the caches may be on s3:// or gs://
+    if is_bucket(tokenizer_path):
+        tokenizer = local_input_copy(tokenizer_path)  # transformers loads from local directories
+    else:
+        tokenizer = _absolute(tokenizer_path) if _is_local_dir(tokenizer_path) else tokenizer_path
+    data = UrlSingleDatasetLMConfig(
+        tokenizer=tokenizer,
         cache_dir=_absolute(tokenized_path),
         train_urls=[],
         validation_urls=[],
         format=TextLmDatasetFormat(text_key=text_field),
         cache_options=cache_options if cache_options is not None else CacheOptions.default(),
     )
+    if tokenizer != tokenizer_path:
+        # Levanter records the tokenizer's name in each cache's ledger and compares it on load:
+        # the bucket's URL, not the temporary copy's path (different in every process).
+        data.the_tokenizer.name_or_path = tokenizer_path
+    return data
 
 
 def _local_path(path: str) -> str:
@@ -370,7 +381,7 @@ def build_caches(config: TokenizeConfig) -> None:
         return
     builder = config.builder
     if builder == "auto":
-        builder = "ray" if ray_connected() else "in_process"
+        builder = "ray" if ray_connected() and not ray_builder_problem(config.output_path) else "in_process"
     logger.info("building %s cache(s) with Levanter's builder (%s)", ", ".join(pending), builder)
     if builder == "ray":
         _build_with_ray(config, pending)

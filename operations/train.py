@@ -72,6 +72,8 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from operations.buckets import configure as configure_buckets
+from operations.buckets import is_bucket, local_input_copy, local_staging
 from operations.shards import is_local, join, read_json, write_json_atomic, write_stats
 
 if TYPE_CHECKING:
@@ -204,7 +206,8 @@ class TrainConfig:
     """Output of operations.tokenize (Levanter caches under train/ and validation/)."""
 
     tokenizer: str
-    """Local tokenizer directory (output of operations.tokenizer): the one the data was tokenized with."""
+    """Tokenizer directory (output of operations.tokenizer), local or on s3:// / gs://: the one the
+    data was tokenized with. Levanter reads one on a bucket through a temporary local copy."""
 
     model: LlamaSpec
     """Model shape (see marin.models for named ones)."""
@@ -271,13 +274,15 @@ def run_id(output_path: str) -> str:
 def train(config: TrainConfig) -> None:
     """Train (or resume, or return if already finished) and write stats.json."""
     _check(config)
+    configure_buckets()
     started = time.perf_counter()
     final_step = config.train.num_train_steps - 1  # Levanter names steps from 0
     resume_step = latest_checkpoint_step(config.output_path)
     if resume_step is not None and resume_step >= final_step:
         # Finished. A run killed after its final checkpoint may lack the export or the stats.
         if not _hf_export_exists(config.output_path, resume_step):
-            export_hf_from_checkpoint(config, resume_step)
+            with local_staging(_absolute(config.output_path), "train") as local:
+                export_hf_from_checkpoint(config, resume_step, local)
         if read_json(join(config.output_path, "stats.json")) is None:
             _write_train_stats(config, attempts=_attempts(config, resume_step, 0.0))
         logger.info("train: %s already finished (checkpoint at step %d)", config.output_path, resume_step)
@@ -289,12 +294,15 @@ def train(config: TrainConfig) -> None:
 
     announce_devices()
 
-    levanter_lm_config = levanter_config(config)
     # JAX's checkpoint serializer logs an INFO line per array written; that drowns the
     # executor's progress lines. The full story stays in the step's log at WARNING and up.
     logging.getLogger("jax.experimental.array_serialization").setLevel(logging.WARNING)
-    with _wandb_environment(config):
-        main(levanter_lm_config)
+    # On a bucket, what Levanter and W&B write only locally (the log file, W&B's offline run,
+    # the HF reference config) goes to a temporary directory, uploaded when training ends.
+    with local_staging(_absolute(config.output_path), "train") as local:
+        levanter_lm_config = levanter_config(config, local)
+        with _wandb_environment(config, local):
+            main(levanter_lm_config)
     last_step = latest_checkpoint_step(config.output_path)
     if last_step is None or last_step < final_step:
         raise RuntimeError(
@@ -379,10 +387,11 @@ def _check(config: TrainConfig) -> None:
         )
     if config.tracker not in TRACKERS:
         raise ValueError(f"TrainConfig.tracker={config.tracker!r}: one of {', '.join(TRACKERS)}")
-    if not (is_local(config.tokenizer) and os.path.isdir(config.tokenizer.removeprefix("file://"))):
+    local_tokenizer = is_local(config.tokenizer) and os.path.isdir(config.tokenizer.removeprefix("file://"))
+    if not (local_tokenizer or is_bucket(config.tokenizer)):
         raise ValueError(
-            f"TrainConfig.tokenizer={config.tokenizer!r}: must be a local tokenizer directory "
-            "(Levanter's HF export loads it from disk)"
+            f"TrainConfig.tokenizer={config.tokenizer!r}: must be a tokenizer directory, local or on "
+            "s3:// / gs:// (the output of operations.tokenizer)"
         )
     if config.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(
@@ -394,10 +403,11 @@ def _check(config: TrainConfig) -> None:
             f"TrainConfig.gradient_checkpointing={config.gradient_checkpointing!r}: one of "
             f"{', '.join(repr(p) for p in GRADIENT_CHECKPOINTING)}"
         )
-    if config.output_path.startswith("s3://"):
-        # tensorstore writes s3:// checkpoints to a local folder named "s3:" without an error.
+    if not (is_local(config.output_path) or is_bucket(config.output_path)):
+        # Checkpoints go through tensorstore, which knows local disk, S3 and GCS only.
         raise ValueError(
-            f"TrainConfig.output_path={config.output_path!r}: s3:// is not supported; use gs:// or local"
+            f"TrainConfig.output_path={config.output_path!r}: must be a local path, s3:// or gs:// "
+            "(Levanter's checkpoints are written with tensorstore)"
         )
 
 
@@ -434,14 +444,16 @@ def _hf_export_exists(output_path: str, step: int) -> bool:
     return fs.exists(f"{root}/config.json") and bool(fs.glob(f"{root}/*.safetensors"))
 
 
-def export_hf_from_checkpoint(config: TrainConfig, step: int) -> str:
-    """Write <output_path>/hf/step-<step> from the Levanter checkpoint of that step; returns its path."""
+def export_hf_from_checkpoint(config: TrainConfig, step: int, local_files: str | None = None) -> str:
+    """Write <output_path>/hf/step-<step> from the Levanter checkpoint of that step; returns its path.
+
+    `local_files`: as for `levanter_config`."""
     import equinox as eqx
     import haliax as hax
     import jax
     from levanter.checkpoint import load_checkpoint
 
-    lm = levanter_config(config)
+    lm = levanter_config(config, local_files)
     tokenizer = lm.data.the_tokenizer
     vocab = hax.Axis("vocab", len(tokenizer))
     shapes = eqx.filter_eval_shape(lm.model.build, vocab, key=jax.random.PRNGKey(0))
@@ -463,9 +475,15 @@ def export_hf_from_checkpoint(config: TrainConfig, step: int) -> str:
     return destination
 
 
-def levanter_config(config: TrainConfig) -> TrainLmConfig:
-    """Levanter's TrainLmConfig for `config` (writes the HF reference config it needs)."""
+def levanter_config(config: TrainConfig, local_files: str | None = None) -> TrainLmConfig:
+    """Levanter's TrainLmConfig for `config` (writes the HF reference config it needs).
+
+    Levanter's log file and the HF reference config can only be written locally: they go
+    under the output directory when it is local, else under `local_files` (a directory the
+    caller uploads: see `train`), by default a directory of this run under the system temp dir.
+    """
     import datetime
+    import pathlib
 
     import jax
     import jmp
@@ -479,13 +497,15 @@ def levanter_config(config: TrainConfig) -> TrainLmConfig:
 
     from operations.tokenize import lm_data_config
 
+    configure_buckets()
     initialize_distributed()  # before the first JAX call (jax.default_backend below)
     train = config.train
     output = _absolute(config.output_path)
-    tokenizer = os.path.abspath(config.tokenizer.removeprefix("file://"))
+    tokenizer = _local_tokenizer(config.tokenizer)
     run = run_id(output)
-    data = lm_data_config(config.tokenized_path, tokenizer)
-    reference = _write_hf_reference(config, output, len(data.the_tokenizer))
+    local = _local_files(output, local_files)
+    data = lm_data_config(config.tokenized_path, config.tokenizer)
+    reference = _write_hf_reference(config, os.path.join(local, HF_REFERENCE_DIR), len(data.the_tokenizer))
     model = config.model.to_levanter(
         seq_len=train.seq_len or config.model.seq_len,
         tokenizer=tokenizer,
@@ -515,7 +535,7 @@ def levanter_config(config: TrainConfig) -> TrainLmConfig:
         seed=train.seed,
         mp=jmp.get_policy(precision),
         id=run,
-        log_dir=_local_dir(output, "logs"),
+        log_dir=pathlib.Path(local, "logs"),  # Levanter opens its log file with the local filesystem
         tracker=(tracker, _metrics_tracker_config()(path=join(output, METRICS_FILE))),
         train_batch_size=train.train_batch_size,
         num_train_steps=train.num_train_steps,
@@ -562,13 +582,16 @@ def _speed_overrides(config: TrainConfig) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _wandb_environment(config: TrainConfig) -> Iterator[None]:
-    """W&B files under <output_path>/wandb (not ./wandb wherever we run), quiet; restored afterwards."""
-    output = _absolute(config.output_path)
+def _wandb_environment(config: TrainConfig, local_files: str | None = None) -> Iterator[None]:
+    """W&B files under <local files>/wandb (not ./wandb wherever we run), quiet; restored afterwards.
+
+    W&B writes only to local disk: <local files> is the output directory when it is local, else
+    `local_files` (uploaded to the output directory by the caller: see `train`)."""
+    local = _local_files(_absolute(config.output_path), local_files)
     values = {"WANDB_SILENT": "true"}
-    if config.tracker == "wandb" and is_local(output):
-        os.makedirs(output, exist_ok=True)
-        values["WANDB_DIR"] = output
+    if config.tracker == "wandb":
+        os.makedirs(local, exist_ok=True)
+        values["WANDB_DIR"] = local
     before = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     if config.tracker == "wandb":
@@ -591,25 +614,23 @@ def _absolute(path: str) -> str:
     return os.path.abspath(path.removeprefix("file://")) if is_local(path) else path
 
 
-def _local_dir(output: str, name: str):
-    import pathlib
-
-    # Levanter's log file is opened with the local filesystem.
-    return pathlib.Path(join(output, name)) if is_local(output) else pathlib.Path("logs")
-
-
-def _write_hf_reference(config: TrainConfig, output: str, vocab_size: int) -> str:
-    """A local HF config directory: Levanter's export needs a `reference_checkpoint` to load."""
+def _local_files(output: str, local_files: str | None) -> str:
+    """Where files that can only be written locally go: the output directory itself when it is
+    local, else `local_files`, else this run's directory under the system temp dir (never the
+    working directory)."""
     import tempfile
 
+    if is_local(output):
+        return output
+    return local_files or os.path.join(tempfile.gettempdir(), "marin-train-files", run_id(output))
+
+
+def _write_hf_reference(config: TrainConfig, reference: str, vocab_size: int) -> str:
+    """A local HF config directory: Levanter's export needs a `reference_checkpoint` to load
+    (HF loads configs from local directories or the hub only)."""
     hf_config = config.model.to_levanter(seq_len=config.train.seq_len or config.model.seq_len).to_hf_config(
         vocab_size
     )
-    if is_local(output):
-        reference = os.path.join(output, HF_REFERENCE_DIR)
-    else:
-        # HF loads configs from local directories (or the hub) only.
-        reference = os.path.join(tempfile.gettempdir(), "marin-hf-reference", run_id(output))
     hf_config.save_pretrained(reference)
     return reference
 
@@ -673,10 +694,15 @@ def _write_train_stats(config: TrainConfig, attempts: list[dict[str, Any]]) -> N
     )
 
 
+def _local_tokenizer(tokenizer: str) -> str:
+    """The tokenizer directory on local disk (a temporary copy of one on a bucket)."""
+    return local_input_copy(tokenizer) if is_bucket(tokenizer) else _absolute(tokenizer)
+
+
 def _vocab_size(tokenizer: str) -> int:
     from transformers import AutoTokenizer
 
-    return len(AutoTokenizer.from_pretrained(tokenizer.removeprefix("file://")))
+    return len(AutoTokenizer.from_pretrained(_local_tokenizer(tokenizer)))
 
 
 # ---------------------------------------------------------------------------- Levanter glue

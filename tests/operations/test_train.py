@@ -63,8 +63,14 @@ def test_config_is_frozen_picklable_and_run_id_is_stable(tmp_path):
         ({"train": SimpleTrainConfig(8, 0, 1e-3)}, "num_train_steps"),
         ({"train": SimpleTrainConfig(8, 10, 1e-3, lr_schedule="cosmic")}, "lr_schedule"),
         ({"tracker": "tensorboard"}, "tracker"),
-        ({"tokenizer": "gpt2"}, "local tokenizer directory"),
-        ({"output_path": "s3://bucket/run"}, "s3://"),
+        (
+            {"tokenizer": "gpt2"},
+            "TrainConfig.tokenizer='gpt2': must be a tokenizer directory, local or on s3://",
+        ),
+        (
+            {"output_path": "memory://bucket/run"},
+            "TrainConfig.output_path='memory://bucket/run': must be a local path",
+        ),
         ({"attention_backend": "flash"}, "attention_backend"),
         ({"gradient_checkpointing": "sometimes"}, "gradient_checkpointing"),
     ],
