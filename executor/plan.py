@@ -352,6 +352,8 @@ def _plan_step(
         return PlannedStep(step, Action.RUN, "a previous run did not finish (no live lease)", status)
     if status == Status.DEP_FAILED:
         return PlannedStep(step, Action.RUN, "a dependency failed in a previous run; trying again", status)
+    if status == Status.WAITING:
+        return PlannedStep(step, Action.RUN, "queued by a previous (Marin) run but never started", status)
     return PlannedStep(step, Action.RUN, "no output yet", status)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import re
 import time
@@ -41,6 +42,9 @@ class Status(enum.StrEnum):
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
     DEP_FAILED = "DEP_FAILED"
+    WAITING = "WAITING"
+    """Written by Marin's executor (older versions) for a step queued behind its
+    dependencies; never by ours. Read so a Marin tree plans without errors: not started."""
 
 
 _STATUS_BY_NAME = {status.value: status for status in Status}
@@ -409,6 +413,13 @@ class LeaseRecord:
             return None
         try:
             record = json.loads(data)
+            if isinstance(record, dict) and record.keys() == {"worker_id", "timestamp"}:
+                # Marin's lease (`{worker_id, timestamp}`, refreshed by its heartbeat): live
+                # for us too while its timestamp is fresh, so neither executor runs the step twice.
+                worker, stamp = record["worker_id"], record["timestamp"]
+                if type(worker) is str and type(stamp) in (int, float) and math.isfinite(stamp):
+                    return LeaseRecord(worker=worker, heartbeat=float(stamp), acquired=float(stamp))
+                return None
             return LeaseRecord(**record)
         except (ValueError, TypeError):
             return None  # a lease we cannot read is treated like an expired one

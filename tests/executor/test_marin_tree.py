@@ -1,0 +1,117 @@
+"""A tree written by Marin's executor plans without errors (issue 12 item 3).
+
+Marin writes `.executor_status` as one word (`SUCCESS`; older versions a JSON-lines log
+that includes `WAITING`) and its lease `.executor_status.lock` as
+`{"worker_id": ..., "timestamp": ...}`, refreshed every 30 s and stale after 90 s. The
+files below are written byte for byte as Marin's `StatusFile` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from executor import Executor, ExecutorStep, LeaseConfig, this_output_path, versioned
+from executor.graph import resolve
+from executor.plan import Action
+from executor.tree import LeaseRecord, Status, lease_path, read_status, status_path
+from tests.executor.steps_for_tests import WriteConfig, write_value
+
+LEASES = LeaseConfig(heartbeat_interval=5.0, timeout=90.0, poll_interval=0.05)
+
+
+def step(name: str) -> ExecutorStep:
+    return ExecutorStep(name, write_value, WriteConfig(output_path=this_output_path(), value=versioned(name)))
+
+
+def output_of(prefix: str, declared: ExecutorStep) -> str:
+    return resolve([declared], prefix).resolved(declared).output_path
+
+
+def write(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def marin_lease(worker: str, timestamp: float) -> str:
+    return json.dumps({"worker_id": worker, "timestamp": timestamp})  # Marin: json.dumps(asdict(Lease))
+
+
+def plan_rows(prefix: str, steps: list[ExecutorStep]) -> dict[str, tuple[Action, str]]:
+    plan = Executor(prefix, console=False, lease_config=LEASES).run(steps, dry_run=True)
+    return {row.name: (row.action, row.reason) for row in plan.rows}
+
+
+@pytest.mark.parametrize(
+    ("status_text", "action", "reason"),
+    [
+        ("SUCCESS", Action.SKIP, "already succeeded"),
+        ("FAILED", Action.RUN, "failed before"),
+        ("DEP_FAILED", Action.RUN, "a dependency failed"),
+        ("RUNNING", Action.RUN, "did not finish"),
+        (
+            '{"date": "2025-01-01T00:00:00", "status": "WAITING", "message": null}\n',
+            Action.RUN,
+            "never started",
+        ),
+        (
+            '{"date": "2025-01-01T00:00:00", "status": "WAITING"}\n'
+            '{"date": "2025-01-01T00:01:00", "status": "RUNNING"}\n'
+            '{"date": "2025-01-01T00:02:00", "status": "SUCCESS"}\n',
+            Action.SKIP,
+            "already succeeded",
+        ),
+    ],
+    ids=["word-success", "word-failed", "word-dep-failed", "word-running", "legacy-waiting", "legacy-log"],
+)
+def test_every_status_marin_writes_plans_without_error(tmp_path, status_text, action, reason):
+    prefix = str(tmp_path)
+    declared = step("marin/step")
+    write(status_path(output_of(prefix, declared)), status_text)
+    got_action, got_reason = plan_rows(prefix, [declared])["marin/step"]
+    assert got_action == action and reason in got_reason, got_reason
+
+
+def test_a_waiting_status_is_read_as_such(tmp_path):
+    prefix = str(tmp_path)
+    declared = step("marin/waiting")
+    write(status_path(output_of(prefix, declared)), '{"date": "2025-01-01T00:00:00", "status": "WAITING"}\n')
+    from executor.store import open_store
+
+    (event,) = read_status(open_store(prefix), output_of(prefix, declared))
+    assert event.status == Status.WAITING
+
+
+def test_a_live_marin_lease_is_respected_and_a_stale_one_taken_over(tmp_path):
+    prefix = str(tmp_path)
+    live, stale = step("marin/live"), step("marin/stale")
+    for declared, age in ((live, 10.0), (stale, 300.0)):
+        output = output_of(prefix, declared)
+        write(status_path(output), "RUNNING")
+        write(lease_path(output), marin_lease("marin-host-140234", time.time() - age))
+    rows = plan_rows(prefix, [live, stale])
+    assert rows["marin/live"][0] == Action.WAIT and "held by marin-host-140234" in rows["marin/live"][1]
+    assert (
+        rows["marin/stale"][0] == Action.RUN and "stale lease of marin-host-140234" in rows["marin/stale"][1]
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"worker_id": 3, "timestamp": 1.0}',
+        '{"worker_id": "w", "timestamp": "soon"}',
+        '{"worker_id": "w", "timestamp": NaN}',
+    ],
+)
+def test_a_malformed_marin_lease_reads_as_no_lease(text):
+    assert LeaseRecord.parse(text.encode()) is None
+
+
+def test_marin_lease_fields_map_to_ours():
+    record = LeaseRecord.parse(marin_lease("w-1", 1234.5).encode())
+    assert record == LeaseRecord(worker="w-1", heartbeat=1234.5, acquired=1234.5)
