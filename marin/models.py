@@ -1,60 +1,148 @@
-"""Named model configs: Llama shapes from a test-sized nano model to ~1B parameters.
+"""Named model configs, the tokenizer names Marin's experiments use, and SimpleTrainConfig.
 
-Each name has a plain `LlamaSpec` (frozen, hashable, versionable: what a training step's
-config holds) in `MODELS`, and a function of the same name that returns Levanter's
-`LlamaConfig` (levanter.models.llama) for code that talks to Levanter directly:
+Marin's experiment scripts import these from `experiments.llama`, `experiments.marin_models`
+and `experiments.simple_train_config`; here they all live in this module:
+
+    from marin.models import SimpleTrainConfig, llama_nano, marin_tokenizer
+
+    default_train("nano", tokenized, versioned(llama_nano), SimpleTrainConfig(...))
+
+Each model name (`llama_nano`, `llama_30m`, `llama_150m`, `llama_600m`, `llama_1b`) is a
+config *value*, as in Marin: a frozen `LlamaSpec` that a training step's config holds and
+`versioned()` hashes (its canonical form is the plain `LlamaSpec` of operations.train, so
+`versioned(llama_nano)` and `MODELS["llama_nano"]` give the same version). Calling one
+returns Levanter's `LlamaConfig` of that shape, for code that talks to Levanter directly:
 
     spec = MODELS["llama_150m"]            # operations.train.TrainConfig(model=spec, ...)
     config = llama_150m(seq_len=2048)      # levanter.models.llama.LlamaConfig
 
-Parameter counts assume a 32,000-token vocabulary and untied input/output embeddings
+The names are Marin's; the shapes are this project's (Marin's `llama_nano` is 32 wide with a
+512-token context, ours 64 wide with 128: see docs/coming_from_marin.md). Parameter counts
+assume a 32,000-token vocabulary and untied input/output embeddings
 (`LlamaSpec.parameter_count(vocab_size)` gives them for any other vocabulary); the
-"non-embedding" count does not depend on the vocabulary. The names are the 32k counts
-rounded. Heads are 64 wide except in the nano model.
+"non-embedding" count does not depend on the vocabulary. Heads are 64 wide except in the
+nano model.
 
-Levanter is imported only when one of the functions is called.
+Levanter is imported only when a model is called or SimpleTrainConfig is converted.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from operations.train import LlamaSpec, SimpleTrainConfig
+from operations import train as _train
 
 if TYPE_CHECKING:
     from levanter.models.llama import LlamaConfig
+
+    from executor.resources import ResourceConfig
 
 __all__ = [
     "MODELS",
     "LlamaSpec",
     "SimpleTrainConfig",
+    "TrainSettings",
+    "llama3_tokenizer",
+    "llama3_tokenizer_vocab_size",
     "llama_1b",
     "llama_30m",
     "llama_150m",
     "llama_600m",
     "llama_nano",
+    "marin_tokenizer",
     "model_spec",
 ]
 
+TrainSettings = _train.SimpleTrainConfig
+"""What a training step's config holds (operations.train.SimpleTrainConfig): `SimpleTrainConfig`
+below converts to it. Scripts written for the older marin.models may still pass one directly."""
+
+marin_tokenizer = "marin-community/marin-tokenizer"
+"""The Hub name of Marin's tokenizer (the Llama 3 tokenizer with Marin's chat template)."""
+
+llama3_tokenizer = "meta-llama/Meta-Llama-3.1-8B"
+"""The Hub name of the Llama 3 tokenizer (a gated repository: needs HF_TOKEN)."""
+
+llama3_tokenizer_vocab_size = 128_256
+
+
+@dataclass(frozen=True)
+class LlamaSpec(_train.LlamaSpec):
+    """A named Llama shape: an `operations.train.LlamaSpec` that can also be called.
+
+    Calling it returns Levanter's `LlamaConfig` (`overrides` set other LlamaConfig fields).
+    Its class is named `LlamaSpec` too, so it versions exactly like the plain spec.
+    """
+
+    def __call__(self, **overrides: Any) -> LlamaConfig:
+        return self.to_levanter(**overrides)
+
+
+def _named(doc: str, **shape: Any) -> LlamaSpec:
+    spec = LlamaSpec(**shape)
+    object.__setattr__(spec, "__doc__", doc)  # help(llama_nano) says what it is
+    return spec
+
+
+llama_nano = _named(
+    """Hidden 64, 2 layers, 2 heads, seq 128: 4,178,240 parameters at a 32k vocabulary (82,240
+    without embeddings). The test and quickstart model: trains in seconds on a CPU.""",
+    hidden_dim=64,
+    intermediate_dim=128,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=2,
+    seq_len=128,
+)
+
+llama_30m = _named(
+    """Hidden 256, 16 layers, 4 heads, seq 1024: 30,023,936 parameters at a 32k vocabulary
+    (13,639,936 without embeddings).""",
+    hidden_dim=256,
+    intermediate_dim=768,
+    num_layers=16,
+    num_heads=4,
+    num_kv_heads=4,
+)
+
+llama_150m = _named(
+    """Hidden 768, 12 layers, 12 heads, seq 1024: 151,800,576 parameters at a 32k vocabulary
+    (102,648,576 without embeddings).""",
+    hidden_dim=768,
+    intermediate_dim=2688,
+    num_layers=12,
+    num_heads=12,
+    num_kv_heads=12,
+)
+
+llama_600m = _named(
+    """Hidden 1536, 20 layers, 24 heads (8 key/value heads), seq 1024: 601,683,456 parameters at a
+    32k vocabulary (503,379,456 without embeddings).""",
+    hidden_dim=1536,
+    intermediate_dim=4096,
+    num_layers=20,
+    num_heads=24,
+    num_kv_heads=8,
+)
+
+llama_1b = _named(
+    """Hidden 2048, 20 layers, 32 heads (8 key/value heads), seq 1024: 1,032,931,328 parameters at a
+    32k vocabulary (901,859,328 without embeddings).""",
+    hidden_dim=2048,
+    intermediate_dim=5632,
+    num_layers=20,
+    num_heads=32,
+    num_kv_heads=8,
+)
+
 MODELS: dict[str, LlamaSpec] = {
-    # 4,178,240 parameters (82,240 non-embedding); 129,728 with the tests' 371-token vocabulary.
-    "llama_nano": LlamaSpec(
-        hidden_dim=64, intermediate_dim=128, num_layers=2, num_heads=2, num_kv_heads=2, seq_len=128
-    ),
-    # 30,023,936 parameters (13,639,936 non-embedding).
-    "llama_30m": LlamaSpec(hidden_dim=256, intermediate_dim=768, num_layers=16, num_heads=4, num_kv_heads=4),
-    # 151,800,576 parameters (102,648,576 non-embedding).
-    "llama_150m": LlamaSpec(
-        hidden_dim=768, intermediate_dim=2688, num_layers=12, num_heads=12, num_kv_heads=12
-    ),
-    # 601,683,456 parameters (503,379,456 non-embedding).
-    "llama_600m": LlamaSpec(
-        hidden_dim=1536, intermediate_dim=4096, num_layers=20, num_heads=24, num_kv_heads=8
-    ),
-    # 1,032,931,328 parameters (901,859,328 non-embedding).
-    "llama_1b": LlamaSpec(
-        hidden_dim=2048, intermediate_dim=5632, num_layers=20, num_heads=32, num_kv_heads=8
-    ),
+    "llama_nano": llama_nano,
+    "llama_30m": llama_30m,
+    "llama_150m": llama_150m,
+    "llama_600m": llama_600m,
+    "llama_1b": llama_1b,
 }
 
 
@@ -66,31 +154,212 @@ def model_spec(name: str) -> LlamaSpec:
         raise ValueError(f"unknown model {name!r}; named models: {', '.join(MODELS)}") from None
 
 
-def llama_nano(**overrides: Any) -> LlamaConfig:
-    """Hidden 64, 2 layers, 2 heads, seq 128: 4,178,240 parameters at a 32k vocabulary (82,240
-    without embeddings). The test and quickstart model: trains in seconds on a CPU."""
-    return MODELS["llama_nano"].to_levanter(**overrides)
+def as_llama_spec(model: Any) -> _train.LlamaSpec:
+    """A `LlamaSpec` for `model`: a spec as it is, or Levanter's `LlamaConfig` by its shape.
+
+    A LlamaConfig whose other fields differ from what its shape gives (activation, rotary
+    embeddings, norms, ...) is refused: training here builds models from the shape alone.
+    """
+    if isinstance(model, _train.LlamaSpec):
+        return model
+    fields = {field.name for field in dataclasses.fields(_train.LlamaSpec)}
+    if type(model).__name__ != "LlamaConfig" or not all(hasattr(model, name) for name in fields):
+        raise ValueError(
+            f"model_config: a LlamaSpec (e.g. marin.models.llama_nano) or Levanter's LlamaConfig, "
+            f"got {type(model).__module__}.{type(model).__qualname__}"
+        )
+    spec = LlamaSpec(**{name: getattr(model, name) for name in fields})
+    rebuilt = spec.to_levanter()
+    ignored = (
+        "tokenizer",
+        "reference_checkpoint",
+        "attn_backend",
+        "flash_attention_block_size",
+        "gradient_checkpointing",
+    )
+    differing = sorted(
+        field.name
+        for field in dataclasses.fields(model)
+        if field.name not in fields
+        and field.name not in ignored
+        and getattr(model, field.name) != getattr(rebuilt, field.name, None)
+    )
+    if differing:
+        raise ValueError(
+            f"model_config: this LlamaConfig sets {', '.join(differing)}, which training here does not "
+            "take from a config (it builds the model from hidden_dim, intermediate_dim, num_layers, "
+            "num_heads, num_kv_heads, seq_len and tie_word_embeddings); leave them at Levanter's defaults"
+        )
+    return spec
 
 
-def llama_30m(**overrides: Any) -> LlamaConfig:
-    """Hidden 256, 16 layers, 4 heads, seq 1024: 30,023,936 parameters at a 32k vocabulary
-    (13,639,936 without embeddings)."""
-    return MODELS["llama_30m"].to_levanter(**overrides)
+@dataclass(frozen=True, kw_only=True)
+class SimpleTrainConfig:
+    """A training run's hyperparameters with Marin's field names (`experiments.simple_train_config`).
+
+    `default_train` converts it to the `TrainSettings` a training step's config holds; the
+    fields that change the trained model are versioned there. Fields left None take this
+    project's defaults (weight decay 0.1, 1% warm-up, cosine to 10% of the peak). Marin
+    fields that training here cannot honour yet are accepted only at their defaults:
+    setting one is an error naming it, never silently ignored.
+    """
+
+    resources: ResourceConfig | dict[str, Any] | None = None
+    """What the training step asks for (e.g. `ResourceConfig.with_cpu()`, `CpuOnlyConfig()`);
+    None: any accelerator the driver has. Never versioned."""
+
+    train_batch_size: int
+    """Sequences per optimizer step."""
+
+    num_train_steps: int
+    """Optimizer steps."""
+
+    learning_rate: float
+    """Peak learning rate (AdamW)."""
+
+    data_seed: int | None = None
+    """Seed of the data order; None: `seed`. (Here one seed drives initialisation and data order.)"""
+
+    weight_decay: float | None = None
+    """AdamW weight decay; None: 0.1."""
+
+    warmup: float | None = None
+    """Warm-up: a fraction of num_train_steps if < 1, else steps; None: 0.01."""
+
+    lr_schedule: str | None = None
+    """cosine, linear, constant or inv_sqrt; None: cosine."""
+
+    min_lr_ratio: float | None = None
+    """The schedule decays to learning_rate * min_lr_ratio; None: 0.1."""
+
+    train_seq_len: int | None = None
+    """Tokens per training sequence; None: the model's seq_len."""
+
+    steps_per_eval: int | None = None
+    """Validation loss every this many steps (and at the end); None: 1000."""
+
+    max_eval_batches: int | None = None
+    """Validation batches per evaluation; None: the whole validation set."""
+
+    steps_per_export: int | None = None
+    """Keep a permanent checkpoint every this many steps (Marin's meaning; the final step is
+    always kept); None: `steps_per_checkpoint`, else 1000."""
+
+    steps_per_hf_export: int | None = None
+    """Hugging Face export every this many steps; None: as `steps_per_export` if set, else only
+    at the end; -1: only at the end (the final export is always written here)."""
+
+    per_device_parallelism: int = -1
+    """Accepted for Marin scripts; Levanter picks the microbatching here."""
+
+    per_device_eval_parallelism: int | None = None
+    """Accepted for Marin scripts; not used."""
+
+    # Marin fields that training here does not implement: only their defaults are accepted.
+    beta1: float | None = None
+    beta2: float | None = None
+    epsilon: float | None = None
+    max_grad_norm: float | None = None
+    decay: float | None = None
+    rewarmup: float | None = None
+    cycle_length: int | list[int] | None = None
+    z_loss_weight: float | None = None
+    ema_beta: float | None = None
+    skip_bad_steps: bool = False
+    steps_per_task_eval: int | None = None
+    initialize_from_checkpoint_path: str | None = None
+    initialize_from_hf: str | None = None
+    reset_data_loader_on_init: bool = True
+    allow_partial_checkpoint: bool = False
+    int8: bool = False
+    optimizer_config: Any = None
+    watch: Any = None
+
+    # This project's own settings (not in Marin's SimpleTrainConfig).
+    seed: int = 0
+    """Seed of model initialisation and data order."""
+
+    steps_per_checkpoint: int | None = None
+    """Permanent checkpoint every this many steps (the same as `steps_per_export`; give one)."""
+
+    checkpoint_minutes: float | None = 10.0
+    """Also a temporary checkpoint after this many minutes without one; None: step checkpoints only."""
+
+    epochs: int = 0
+    """0: one pass over the training data (the run is refused up front if it needs more);
+    N > 0: cycle through it up to N times."""
+
+    seq_len: int | None = None
+    """The same as `train_seq_len` (this project's older name; give one)."""
+
+    UNSUPPORTED = (
+        "beta1",
+        "beta2",
+        "epsilon",
+        "max_grad_norm",
+        "decay",
+        "rewarmup",
+        "cycle_length",
+        "z_loss_weight",
+        "ema_beta",
+        "skip_bad_steps",
+        "steps_per_task_eval",
+        "initialize_from_checkpoint_path",
+        "initialize_from_hf",
+        "int8",
+        "optimizer_config",
+    )
+    """Marin fields whose non-default values `to_train_settings` refuses."""
+
+    def to_train_settings(self) -> _train.SimpleTrainConfig:
+        """The operations.train.SimpleTrainConfig this stands for (ValueError for what cannot be honoured)."""
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        unsupported = [name for name in self.UNSUPPORTED if getattr(self, name) != defaults[name]]
+        if unsupported:
+            raise ValueError(
+                f"SimpleTrainConfig: {', '.join(f'{name}={getattr(self, name)!r}' for name in unsupported)}: "
+                "not supported by training here yet (see docs/coming_from_marin.md); leave "
+                f"{'it' if len(unsupported) == 1 else 'them'} unset"
+            )
+        seed = _one_of("data_seed", self.data_seed, "seed", self.seed if self.seed != 0 else None)
+        seq_len = _one_of("train_seq_len", self.train_seq_len, "seq_len", self.seq_len)
+        keep_every = _one_of(
+            "steps_per_export", self.steps_per_export, "steps_per_checkpoint", self.steps_per_checkpoint
+        )
+        hf_every = self.steps_per_hf_export
+        if hf_every is None:
+            hf_every = self.steps_per_export
+        elif hf_every == -1:
+            hf_every = None
+        base = _train.SimpleTrainConfig(train_batch_size=0, num_train_steps=0, learning_rate=0.0)
+        return _train.SimpleTrainConfig(
+            train_batch_size=self.train_batch_size,
+            num_train_steps=self.num_train_steps,
+            learning_rate=self.learning_rate,
+            weight_decay=_or(self.weight_decay, base.weight_decay),
+            warmup=_or(self.warmup, base.warmup),
+            lr_schedule=_or(self.lr_schedule, base.lr_schedule),
+            min_lr_ratio=_or(self.min_lr_ratio, base.min_lr_ratio),
+            seq_len=seq_len,
+            steps_per_eval=_or(self.steps_per_eval, base.steps_per_eval),
+            max_eval_batches=self.max_eval_batches,
+            steps_per_checkpoint=_or(keep_every, base.steps_per_checkpoint),
+            checkpoint_minutes=self.checkpoint_minutes,
+            steps_per_export=hf_every,
+            epochs=self.epochs,
+            seed=_or(seed, base.seed),
+            resources=self.resources,
+        )
 
 
-def llama_150m(**overrides: Any) -> LlamaConfig:
-    """Hidden 768, 12 layers, 12 heads, seq 1024: 151,800,576 parameters at a 32k vocabulary
-    (102,648,576 without embeddings)."""
-    return MODELS["llama_150m"].to_levanter(**overrides)
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
-def llama_600m(**overrides: Any) -> LlamaConfig:
-    """Hidden 1536, 20 layers, 24 heads (8 key/value heads), seq 1024: 601,683,456 parameters at a
-    32k vocabulary (503,379,456 without embeddings)."""
-    return MODELS["llama_600m"].to_levanter(**overrides)
-
-
-def llama_1b(**overrides: Any) -> LlamaConfig:
-    """Hidden 2048, 20 layers, 32 heads (8 key/value heads), seq 1024: 1,032,931,328 parameters at a
-    32k vocabulary (901,859,328 without embeddings)."""
-    return MODELS["llama_1b"].to_levanter(**overrides)
+def _one_of(name: str, value: Any, other_name: str, other: Any) -> Any:
+    """`value` or `other` (two names of one setting): refuse two different values."""
+    if value is not None and other is not None and value != other:
+        raise ValueError(
+            f"SimpleTrainConfig: {name}={value!r} and {other_name}={other!r} name the same setting; give one"
+        )
+    return other if value is None else value
