@@ -166,12 +166,14 @@ def ray_builder_problem(output_path: str) -> str | None:
 
 
 @contextlib.contextmanager
-def local_staging(destination: str, name: str) -> Iterator[str]:
+def local_staging(destination: str, name: str, preload: tuple[str, ...] = ()) -> Iterator[str]:
     """A local directory for files a library can only write locally, uploaded to `destination`.
 
     For a local `destination` it is `destination` itself (created). For a bucket it is a
-    fresh directory under the system temp dir; on exit (also after an error, so a failed
-    run keeps its logs) its files are uploaded to `destination` and it is removed.
+    fresh directory under the system temp dir, holding first a copy of the `preload`
+    subdirectories of `destination` (so that a log file is appended to, not replaced); on
+    exit, also after an error (a failed run keeps its logs), its files are uploaded to
+    `destination` and it is removed. A process killed meanwhile uploads nothing.
     """
     if not is_bucket(destination):
         local = destination.removeprefix("file://")
@@ -180,12 +182,28 @@ def local_staging(destination: str, name: str) -> Iterator[str]:
         return
     staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{name}-")
     try:
+        for subdirectory in preload:
+            download_directory(
+                f"{destination.rstrip('/')}/{subdirectory}", os.path.join(staging, subdirectory)
+            )
         yield staging
     finally:
         try:
             upload_directory(staging, destination)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def download_directory(url: str, local: str) -> int:
+    """Copy every object under `url` to the same relative path under `local`; returns the count."""
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    files = fs.find(root)
+    for file in files:
+        target = os.path.join(local, os.path.relpath(file, root))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fs.get_file(file, target)
+    return len(files)
 
 
 def upload_directory(local: str, destination: str) -> int:
@@ -229,6 +247,7 @@ def local_input_copy(url: str) -> str:
             target = os.path.join(staging, os.path.relpath(file, root))
             os.makedirs(os.path.dirname(target), exist_ok=True)
             fs.get_file(file, target)
+        shutil.rmtree(local, ignore_errors=True)  # a copy removed while in use (not by us)
         os.replace(staging, local)
         _input_copies[url] = local
         logger.info("copied %d file(s) of %s to %s (removed when this process exits)", len(files), url, local)

@@ -91,7 +91,8 @@ METRICS_FILE = "metrics.jsonl"
 TRACKERS = ("wandb", "json", "none")
 # Per-weight-matrix norms Levanter logs; metrics.jsonl keeps only their totals.
 PER_PARAMETER = re.compile(r"^(grad|params|updates|opt_state)/(norm|rms)/")
-# How often metrics.jsonl is rewritten when the output is on an object store (no appends there).
+# How often metrics.jsonl is rewritten when the output is on an object store (no appends there;
+# it is also rewritten at each checkpoint and at the end).
 REMOTE_METRICS_SECONDS = 60.0
 LR_SCHEDULES = ("cosine", "linear", "constant", "inv_sqrt")
 # Levanter's AttentionBackend values (None: its default for the device).
@@ -299,7 +300,7 @@ def train(config: TrainConfig) -> None:
     logging.getLogger("jax.experimental.array_serialization").setLevel(logging.WARNING)
     # On a bucket, what Levanter and W&B write only locally (the log file, W&B's offline run,
     # the HF reference config) goes to a temporary directory, uploaded when training ends.
-    with local_staging(_absolute(config.output_path), "train") as local:
+    with local_staging(_absolute(config.output_path), "train", preload=("logs",)) as local:
         levanter_lm_config = levanter_config(config, local)
         with _wandb_environment(config, local):
             main(levanter_lm_config)
@@ -721,7 +722,12 @@ def _final_checkpointer_config():
 
         def on_step(self, info: Any, force: bool = False) -> None:
             final = info.step >= self.final_step
+            saved_before = self._last_save_step
             super().on_step(info, force=force or final)
+            if self._last_save_step != saved_before:
+                # A checkpoint is on its way: metrics.jsonl on a bucket (rewritten only now and
+                # then) is brought up to it, so a run killed later resumes with its metrics.
+                _flush_remote_metrics()
             if final:
                 # Saves are asynchronous: the run is not done until the last one is committed.
                 self.wait_until_finished()
@@ -748,6 +754,15 @@ def _interval(keep: dict[str, Any]):
     return CheckpointInterval(**keep)
 
 
+# The metrics files on object stores of the trainers running in this process (one, normally).
+_remote_metrics: list[Any] = []
+
+
+def _flush_remote_metrics() -> None:
+    for tracker in list(_remote_metrics):
+        tracker._rewrite()
+
+
 @functools.cache
 def _metrics_tracker_config():
     """A Levanter tracker config that writes one JSON line per step to a file."""
@@ -765,6 +780,8 @@ def _metrics_tracker_config():
             # Object stores cannot append: keep the file's lines and rewrite it now and then.
             self.lines: list[str] | None = None if is_local(path) else _read_lines(path)
             self.written = time.monotonic()
+            if self.lines is not None:
+                _remote_metrics.append(self)
 
         def log_hyperparameters(self, hparams: dict[str, Any]) -> None:
             pass
@@ -808,6 +825,8 @@ def _metrics_tracker_config():
         def finish(self) -> None:
             if self.lines is not None:
                 self._rewrite()
+                if self in _remote_metrics:
+                    _remote_metrics.remove(self)
             if self.handle is not None:
                 self.handle.close()
                 self.handle = None
