@@ -169,13 +169,13 @@ def ray_builder_problem(output_path: str) -> str | None:
 def local_staging(destination: str, name: str, preload: tuple[str, ...] = ()) -> Iterator[str]:
     """A local directory for files a library can only write locally, uploaded to `destination`.
 
-    For a local `destination` it is `destination` itself (created). For a bucket it is a
+    For a local `destination` it is `destination` itself (created). For a URL it is a
     fresh directory under the system temp dir, holding first a copy of the `preload`
     subdirectories of `destination` (so that a log file is appended to, not replaced); on
     exit, also after an error (a failed run keeps its logs), its files are uploaded to
     `destination` and it is removed. A process killed meanwhile uploads nothing.
     """
-    if not is_bucket(destination):
+    if protocol(destination) is None:
         local = destination.removeprefix("file://")
         os.makedirs(local, exist_ok=True)
         yield local

@@ -90,7 +90,9 @@ def bucket(request) -> Bucket:
 def bucket_env(bucket: Bucket, monkeypatch) -> Bucket:
     """The bucket's variables (and only those storage variables) in this process's environment."""
     for name in STORAGE_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+        # Set, then delete: restored as it is now even if `configure` sets it meanwhile.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     for name, value in bucket.env.items():
         monkeypatch.setenv(name, value)
     return bucket
