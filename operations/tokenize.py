@@ -42,6 +42,11 @@ builder, with byte-identical results (tested):
 
 A finished cache is never rebuilt (and is loaded without Ray).
 
+Buckets: input, output and tokenizer may be on `s3://` or `gs://` (see `operations.buckets`,
+which makes tensorstore follow the standard variables and keeps JAX from writing `s3://`
+caches to a local folder named `s3:`). Levanter's Ray builder is refused for an `s3://`
+output: its tasks run in Ray workers, which lack that fix.
+
 Levanter and JAX are imported inside the functions, so importing `operations` (or a dry
 run of an experiment) stays light.
 

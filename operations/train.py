@@ -32,6 +32,16 @@ if a kill came between the final checkpoint and those). Levanter also stops earl
 a final checkpoint, when the data runs out: `train` refuses such a config up front (see
 `SimpleTrainConfig.epochs`).
 
+Buckets: the output (and the tokenized data and tokenizer) may be on `s3://` or `gs://`,
+configured by the standard variables only (see `operations.buckets`, which also fixes JAX's
+tensorstore specs for `s3://`). Checkpoints go straight to the bucket through tensorstore;
+the HF export through Levanter's own temporary directory; metrics.jsonl is rewritten whole
+every minute, at each checkpoint and at the end (object stores cannot append). What only
+writes locally -- Levanter's log file, W&B's offline run, the HF reference config -- goes to a
+directory under the system temp dir that is uploaded to the output when an attempt ends
+(also with an error; a SIGKILLed attempt's are lost) and then removed; a tokenizer on a
+bucket is read through a temporary local copy removed when the process exits.
+
 Tracking: W&B in offline mode (`tracker="wandb"`, files under `<output_path>/wandb`), or
 "json" (Levanter's JSON-lines logger) or "none"; metrics.jsonl is written in every case.
 The run id is `<output dir name>-<hash of the output path>`, so a resumed run continues the
