@@ -80,17 +80,17 @@ def test_a_status_line_without_a_date_reads_as_an_empty_date():
         ("[1, 2]", "a JSON list, not a status event object"),
         (
             '{"status": "DONE"}',
-            "unknown status 'DONE' (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)",
+            "unknown status 'DONE' (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)",
         ),
-        ('{"date": 5}', "unknown status None (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)"),
-        ('{"status": 1}', "unknown status 1 (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)"),
+        ('{"date": 5}', "unknown status None (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)"),
+        ('{"status": 1}', "unknown status 1 (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)"),
         (
             '{"status": ["SUCCESS"]}',
-            "unknown status ['SUCCESS'] (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)",
+            "unknown status ['SUCCESS'] (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)",
         ),
         (
             '{"status": {"a": 1}}',
-            "unknown status {'a': 1} (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED)",
+            "unknown status {'a': 1} (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)",
         ),
         (event_line(date=5), "field 'date' is a int, not a string"),
         (event_line(message=["x"]), "field 'message' is a list, not a string"),
