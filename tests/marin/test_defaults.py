@@ -387,3 +387,16 @@ def test_a_chat_dataset_is_rendered_with_the_tokenizers_template_and_tokenized(t
     assert len(rendered) == 20  # the record without messages is counted, not rendered
     stats = json.loads(Path(f"{executor.output_paths[step]}/stats.json").read_text())
     assert stats["train"]["documents"] + stats["validation"]["documents"] == 20
+
+
+def test_default_train_takes_levanters_llama_config_by_its_shape_and_refuses_the_rest():
+    from levanter.models.llama import LlamaConfig
+
+    tokenized = default_tokenize("tiny", documents_step(), "org/tok")
+    shape = dict(seq_len=128, hidden_dim=64, intermediate_dim=128, num_heads=2, num_kv_heads=2, num_layers=2)
+    from_levanter = default_train("n", tokenized, versioned(LlamaConfig(**shape)), marin_train_config())
+    assert version_hash(from_levanter) == version_hash(
+        default_train("n", tokenized, llama_nano, marin_train_config())
+    )
+    with pytest.raises(ValueError, match="sets initializer_range"):
+        default_train("n", tokenized, LlamaConfig(**shape, initializer_range=0.5), marin_train_config())
