@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,15 +88,35 @@ def bucket(request) -> Bucket:
 
 
 @pytest.fixture
-def bucket_env(bucket: Bucket, monkeypatch) -> Bucket:
-    """The bucket's variables (and only those storage variables) in this process's environment."""
+def bucket_env(bucket: Bucket, monkeypatch) -> Iterator[Bucket]:
+    """The bucket's variables (and only those storage variables) in this process's environment.
+
+    fsspec keeps one filesystem per protocol and options, whatever the environment was when it
+    was made: one made for another module's server (each module importing the session
+    fixtures gets its own) would be reused here, and ours after this test. They are dropped
+    before and after. What `operations.buckets.configure` sets is restored afterwards.
+    """
+    import fsspec
+
     for name in STORAGE_VARIABLES:
         # Set, then delete: restored as it is now even if `configure` sets it meanwhile.
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     for name, value in bucket.env.items():
         monkeypatch.setenv(name, value)
-    return bucket
+    for protocol in ("gs", "gcs"):
+        monkeypatch.setitem(fsspec.config.conf, protocol, dict(fsspec.config.conf.get(protocol, {})))
+    forget_cached_filesystems()
+    yield bucket
+    forget_cached_filesystems()
+
+
+def forget_cached_filesystems() -> None:
+    import gcsfs
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 def child_env(bucket: Bucket, **extra: str) -> dict[str, str]:
