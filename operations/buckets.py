@@ -35,8 +35,8 @@ under the system's temp dir (`tempfile.gettempdir()`, never the working director
 uploaded: `local_staging` (Levanter's log file, W&B's offline files, the HF reference
 config). Levanter itself stages its HF export the same way. Inputs that must be read from
 local disk -- a tokenizer on a bucket, which transformers loads from a directory -- are
-copied once per process by `local_input_copy` into a temporary directory that is removed
-when the process exits (Levanter's own loader would keep them in the Hugging Face hub
+copied by `local_input_copy` into a temporary directory that is removed when the step ends
+(`using_input_copies`) (Levanter's own loader would keep them in the Hugging Face hub
 cache under the home directory).
 """
 
@@ -64,6 +64,7 @@ INPUTS_PREFIX = "marin-inputs-"
 _inputs_lock = threading.Lock()
 _inputs_root: str | None = None
 _input_copies: dict[str, str] = {}
+_input_users = 0  # blocks inside `using_input_copies` now, in any thread of this process
 
 
 def protocol(path: str) -> str | None:
@@ -224,16 +225,43 @@ def upload_directory(local: str, destination: str) -> int:
     return count
 
 
+@contextlib.contextmanager
+def using_input_copies() -> Iterator[None]:
+    """Run a step that may call `local_input_copy`: the copies are removed when the last such
+    block of this process ends (steps running at once in threads share them). Copies made
+    outside any block are removed at exit; a process killed meanwhile leaves its copies."""
+    global _input_users
+    with _inputs_lock:
+        _input_users += 1
+    try:
+        yield
+    finally:
+        with _inputs_lock:
+            _input_users -= 1
+            if _input_users == 0:
+                _remove_input_copies()
+
+
+def _remove_input_copies() -> None:
+    global _inputs_root
+    if _inputs_root is not None:
+        shutil.rmtree(_inputs_root, ignore_errors=True)
+    _inputs_root = None
+    _input_copies.clear()
+
+
+atexit.register(_remove_input_copies)
+
+
 def local_input_copy(url: str) -> str:
     """A local copy of the bucket directory `url` (a tokenizer: a few small files; model weights
-    are skipped), made once per process under the system temp dir and removed at exit."""
+    are skipped), made once under the system temp dir and kept until `using_input_copies` ends."""
     global _inputs_root
     with _inputs_lock:
         if url in _input_copies and os.path.isdir(_input_copies[url]):
             return _input_copies[url]
         if _inputs_root is None or not os.path.isdir(_inputs_root):
             _inputs_root = tempfile.mkdtemp(prefix=INPUTS_PREFIX)
-            atexit.register(shutil.rmtree, _inputs_root, True)
         fs, root = fsspec.core.url_to_fs(url)
         root = root.rstrip("/")
         from operations.tokenizer import WEIGHT_SUFFIXES  # files a tokenizer never needs
@@ -250,5 +278,5 @@ def local_input_copy(url: str) -> str:
         shutil.rmtree(local, ignore_errors=True)  # a copy removed while in use (not by us)
         os.replace(staging, local)
         _input_copies[url] = local
-        logger.info("copied %d file(s) of %s to %s (removed when this process exits)", len(files), url, local)
+        logger.info("copied %d file(s) of %s to %s (removed when the step ends)", len(files), url, local)
         return local

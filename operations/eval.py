@@ -43,6 +43,7 @@ from typing import Any
 import fsspec
 
 from operations.buckets import configure as configure_buckets
+from operations.buckets import using_input_copies
 from operations.shards import join, read_json, write_json_atomic, write_stats
 from operations.train import LlamaSpec
 
@@ -106,7 +107,8 @@ def evaluate(config: EvalConfig) -> None:
         logger.info("eval: %s already exists", results_path)
         return
     started = time.perf_counter()
-    results = compute_results(config)
+    with using_input_copies():  # a tokenizer on a bucket is read through a temporary copy
+        results = compute_results(config)
     seconds = time.perf_counter() - started
     write_json_atomic(results_path, results)
     write_stats(config.output_path, {**results, "seconds": round(seconds, 1)})

@@ -72,7 +72,7 @@ import fsspec
 import orjson
 
 from operations.buckets import configure as configure_buckets
-from operations.buckets import is_bucket, local_input_copy, ray_builder_problem
+from operations.buckets import is_bucket, local_input_copy, ray_builder_problem, using_input_copies
 from operations.ray_util import ensure_ray, ray_connected
 from operations.shards import (
     is_local,
@@ -141,10 +141,11 @@ def tokenize(config: TokenizeConfig) -> None:
     """Build both Levanter caches (validation first), then write stats.json."""
     _check(config)
     configure_buckets()
-    started = time.perf_counter()
-    build_caches(config)
-    logger.info("tokenize: caches %.1f s", time.perf_counter() - started)
-    write_tokenize_stats(config)
+    with using_input_copies():  # a tokenizer on a bucket is read through a temporary copy
+        started = time.perf_counter()
+        build_caches(config)
+        logger.info("tokenize: caches %.1f s", time.perf_counter() - started)
+        write_tokenize_stats(config)
 
 
 def _check(config: TokenizeConfig) -> None:

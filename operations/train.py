@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from operations.buckets import configure as configure_buckets
-from operations.buckets import is_bucket, local_input_copy, local_staging
+from operations.buckets import is_bucket, local_input_copy, local_staging, using_input_copies
 from operations.shards import is_local, join, read_json, write_json_atomic, write_stats
 
 if TYPE_CHECKING:
@@ -286,6 +286,11 @@ def train(config: TrainConfig) -> None:
     """Train (or resume, or return if already finished) and write stats.json."""
     _check(config)
     configure_buckets()
+    with using_input_copies():  # a tokenizer on a bucket is read through a temporary copy
+        _train(config)
+
+
+def _train(config: TrainConfig) -> None:
     started = time.perf_counter()
     final_step = config.train.num_train_steps - 1  # Levanter names steps from 0
     resume_step = latest_checkpoint_step(config.output_path)

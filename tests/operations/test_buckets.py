@@ -169,3 +169,17 @@ def test_an_input_directory_on_a_url_is_copied_once_without_weights(tmp_path):
     assert buckets.local_input_copy(source) == local  # once per process
     with pytest.raises(FileNotFoundError, match="no files there"):
         buckets.local_input_copy(f"memory://inputs-{tmp_path.name}/missing")
+
+
+def test_input_copies_are_removed_when_the_last_step_using_them_ends(tmp_path):
+    source = f"memory://inputs-scope-{tmp_path.name}/tokenizer"
+    fsspec.filesystem("memory").pipe(f"{source}/tokenizer.json", b"{}")
+    with buckets.using_input_copies():
+        with buckets.using_input_copies():  # another step, e.g. in another driver thread
+            local = buckets.local_input_copy(source)
+        assert os.path.isfile(os.path.join(local, "tokenizer.json"))
+    assert not os.path.exists(local)
+    with buckets.using_input_copies():
+        again = buckets.local_input_copy(source)
+        assert os.path.isfile(os.path.join(again, "tokenizer.json"))  # copied anew
+    assert not os.path.exists(again)

@@ -261,13 +261,15 @@ def test_a_killed_training_run_on_a_bucket_resumes_from_its_bucket_checkpoint(
     )
     config_file = tmp_path / "config.pkl"
     config_file.write_bytes(pickle.dumps(config))
+    (tmp_path / "killed-tmp").mkdir()
     code = (
         "import pickle, sys; from operations.train import train; train(pickle.load(open(sys.argv[1], 'rb')))"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", code, str(config_file)],
         cwd=tmp_path,
-        env=child_env(bucket),
+        # Its own TMPDIR: a SIGKILLed process leaves its temporary copies and staging behind.
+        env=child_env(bucket, TMPDIR=str(tmp_path / "killed-tmp")),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -306,4 +308,4 @@ def test_a_killed_training_run_on_a_bucket_resumes_from_its_bucket_checkpoint(
     (log,) = [path for path in bucket.files("run/logs") if path.endswith(".log")]
     log_text = bucket.fs.cat(f"{config.output_path}/logs/{log}").decode()
     assert f"Resuming training from step {killed_at + 1}" in log_text
-    assert not [path for path in os.listdir(tmp_path) if path not in ("config.pkl", "docs")]
+    assert not [path for path in os.listdir(tmp_path) if path not in ("config.pkl", "docs", "killed-tmp")]
