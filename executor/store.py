@@ -560,7 +560,9 @@ class ConditionalStore(Store):
 
     def compare_and_swap(self, path: str, expected: bytes | str | None, new: bytes | str | None) -> bool:
         # Each request is retried alone. A retried conditional write whose first try
-        # reached the server meets its own write and reads as a lost race (see above).
+        # reached the server (its answer lost to a timeout under load) meets its own write:
+        # the object then holds exactly our bytes -- a lease names its worker, so no other
+        # driver writes them -- and the swap happened.
         current, version = self._io("versioned read", path, self._read_versioned, path)
         if current != (None if expected is None else _to_bytes(expected)):
             return False
@@ -570,7 +572,11 @@ class ConditionalStore(Store):
             elif version is not None:
                 self._io("conditional delete", path, self._delete_if, path, version)
         except _PreconditionFailed:
-            return False
+            if new is None:
+                return False
+            self.fs.invalidate_cache(self.fs._parent(path))
+            now, _ = self._io("versioned read", path, self._read_versioned, path)
+            return now == _to_bytes(new)
         finally:
             self.fs.invalidate_cache(self.fs._parent(path))
         return True
