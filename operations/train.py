@@ -317,8 +317,11 @@ def _train(config: TrainConfig) -> None:
     # the HF reference config) goes to a temporary directory, uploaded when training ends.
     with local_staging(_absolute(config.output_path), "train", preload=("logs",)) as local:
         levanter_lm_config = levanter_config(config, local)
-        with _wandb_environment(config, local):
-            main(levanter_lm_config)
+        try:
+            with _wandb_environment(config, local):
+                main(levanter_lm_config)
+        finally:
+            _remote_metrics.clear()
     last_step = latest_checkpoint_step(config.output_path)
     if last_step is None or last_step < final_step:
         raise RuntimeError(
@@ -769,12 +772,14 @@ def _interval(keep: dict[str, Any]):
     return CheckpointInterval(**keep)
 
 
-# The metrics files on object stores of the trainers running in this process (one, normally).
-_remote_metrics: list[Any] = []
+# The metrics file on an object store of the training running in this process, by path (the
+# tracker made last for a path is the one Levanter logs to: it makes them twice). Emptied when
+# a training ends, so a later one in the same process never flushes an earlier one's.
+_remote_metrics: dict[str, Any] = {}
 
 
 def _flush_remote_metrics() -> None:
-    for tracker in list(_remote_metrics):
+    for tracker in list(_remote_metrics.values()):
         tracker._rewrite()
 
 
@@ -795,8 +800,9 @@ def _metrics_tracker_config():
             # Object stores cannot append: keep the file's lines and rewrite it now and then.
             self.lines: list[str] | None = None if is_local(path) else _read_lines(path)
             self.written = time.monotonic()
+            self.unwritten = False  # lines logged since the file was last rewritten
             if self.lines is not None:
-                _remote_metrics.append(self)
+                _remote_metrics[path] = self
 
         def log_hyperparameters(self, hparams: dict[str, Any]) -> None:
             pass
@@ -815,6 +821,7 @@ def _metrics_tracker_config():
             line = json.dumps({"step": self.step, **row}, sort_keys=True) + "\n"
             if self.lines is not None:
                 self.lines.append(line)
+                self.unwritten = True
                 if time.monotonic() - self.written >= REMOTE_METRICS_SECONDS:
                     self._rewrite()
                 return
@@ -825,9 +832,14 @@ def _metrics_tracker_config():
             self.handle.flush()
 
         def _rewrite(self) -> None:
+            # Only with something new: a tracker Levanter made but never logged to must not
+            # put back the lines it read when it was made.
+            if not self.unwritten:
+                return
             with fsspec.open(self.path, "w") as handle:
                 handle.writelines(self.lines or [])
             self.written = time.monotonic()
+            self.unwritten = False
 
         def log_summary(self, metrics: dict[str, Any]) -> None:
             pass
@@ -840,8 +852,8 @@ def _metrics_tracker_config():
         def finish(self) -> None:
             if self.lines is not None:
                 self._rewrite()
-                if self in _remote_metrics:
-                    _remote_metrics.remove(self)
+                if _remote_metrics.get(self.path) is self:
+                    del _remote_metrics[self.path]
             if self.handle is not None:
                 self.handle.close()
                 self.handle = None

@@ -337,6 +337,29 @@ def test_metrics_file_on_an_object_store_is_rewritten_whole(tmp_path):
     ]
 
 
+def test_metrics_on_an_object_store_are_flushed_at_checkpoints_and_never_put_back_by_an_idle_tracker():
+    import uuid
+
+    import fsspec
+
+    from operations import train as train_module
+
+    output = f"memory://train-{uuid.uuid4().hex}"
+    path = f"{output}/metrics.jsonl"
+    fsspec.filesystem("memory").pipe(path, b'{"step": 0, "train/loss": 3.0}\n')
+    config = train_module._metrics_tracker_config()(path=path)
+    idle = config.init(None)  # Levanter makes its trackers twice and logs to the second
+    active = config.init(None)
+    active.log({"train/loss": 2.0}, step=1)
+    train_module._flush_remote_metrics()  # what a checkpoint does
+    assert [m["step"] for m in read_metrics(output)] == [0, 1]
+    active.log({"train/loss": 1.0}, step=2)
+    active.finish()
+    idle.finish()  # read the file before step 1: must not write it back
+    assert [m["step"] for m in read_metrics(output)] == [0, 1, 2]
+    assert train_module._remote_metrics.get(path) is None
+
+
 def test_wandb_is_offline_unless_the_user_configured_it(monkeypatch, tmp_path):
     from operations.train import wandb_mode
 
