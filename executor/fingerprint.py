@@ -179,7 +179,8 @@ def _encode_library_value(value: Any, path: str, strict: bool, depth: int) -> An
     - numpy/JAX dtypes and scalar types (`np.float32`, `jnp.bfloat16`, `np.dtype("int8")`)
       -> `{"__dtype__": name}` (the dtype's name: the same on every platform);
     - numpy and JAX arrays of at most MAX_ARRAY_ELEMENTS -> `{"__ndarray__": {"dtype",
-      "shape", "data"}}`, data flattened in C order (0-d arrays are their scalar).
+      "shape", "data"}}`, data flattened in C order (0-d arrays are their scalar); a larger
+      array is refused when versioned and recorded by its SHA-256 when not.
 
     numpy is imported only for a value from one of those libraries (so it is loaded already).
     """
@@ -212,6 +213,9 @@ def _encode_library_value(value: Any, path: str, strict: bool, depth: int) -> An
     if array.ndim == 0:
         return encode(array.item(), path, strict, depth)
     if array.size > MAX_ARRAY_ELEMENTS:
+        if not strict:  # recorded, not versioned (an unversioned field): its digest stands for the data
+            digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+            return {"__ndarray__": {"dtype": array.dtype.name, "sha256": digest, "shape": list(array.shape)}}
         raise UnencodableValueError(
             path,
             value,

@@ -17,6 +17,7 @@ nonblocking, hard-coded) and sub-paths.
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import PurePosixPath
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from executor import ExecutorStep, InputName, output_path_of, this_output_path, versioned
+from executor import ExecutorStep, InputName, StepDefinitionError, output_path_of, this_output_path, versioned
 from executor.fingerprint import canonical_json, encode, sha256_hex
 from executor.graph import resolve
 
@@ -286,8 +287,22 @@ def test_the_version_hash_of_marin_style_values_never_changes():
 
 
 def test_an_array_too_large_to_version_is_refused_naming_the_field():
-    from executor import StepDefinitionError
-
     step = ExecutorStep("big", noop, GoldenConfig(misc=versioned({"table": np.zeros(5000)})))
     with pytest.raises(StepDefinitionError, match=r"misc\.table.*5,000 elements is too large to version"):
         resolve([step], "/golden/prefix")
+
+
+def test_a_large_array_in_an_unversioned_field_is_recorded_by_its_digest():
+    """Only a versioned array is limited: an unversioned one is recorded (and compared for the
+    reuse warning) by dtype, shape and SHA-256, and the step resolves."""
+    step = ExecutorStep(
+        "big-unversioned", noop, GoldenConfig(misc={"table": np.arange(5000, dtype=np.int32)})
+    )
+    record = resolve([step], "/golden/prefix").resolved(step).config_record
+    assert record["misc"]["table"] == {
+        "__ndarray__": {
+            "dtype": "int32",
+            "sha256": hashlib.sha256(np.arange(5000, dtype=np.int32).tobytes()).hexdigest(),
+            "shape": [5000],
+        }
+    }

@@ -17,6 +17,7 @@ import pytest
 from executor import Executor, ExecutorStep, LeaseConfig, this_output_path, versioned
 from executor.graph import resolve
 from executor.plan import Action
+from executor.store import open_store
 from executor.tree import LeaseRecord, Status, lease_path, read_status, status_path
 from tests.executor.steps_for_tests import WriteConfig, write_value
 
@@ -80,8 +81,6 @@ def test_a_waiting_status_is_read_as_such(tmp_path):
     prefix = str(tmp_path)
     declared = step("marin/waiting")
     write(status_path(output_of(prefix, declared)), '{"date": "2025-01-01T00:00:00", "status": "WAITING"}\n')
-    from executor.store import open_store
-
     (event,) = read_status(open_store(prefix), output_of(prefix, declared))
     assert event.status == Status.WAITING
 
