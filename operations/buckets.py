@@ -272,7 +272,15 @@ def local_input_copy(url: str) -> str:
         local = os.path.join(_inputs_root, hashlib.sha256(url.encode()).hexdigest()[:16])
         staging = tempfile.mkdtemp(prefix=".partial-", dir=_inputs_root)
         for file in files:
-            target = os.path.join(staging, os.path.relpath(file, root))
+            # A key is untrusted: one with `..` parts must not write outside the copy.
+            relative = file[len(root) + 1 :] if file.startswith(root + "/") else ""
+            parts = relative.split("/")
+            if not relative or any(part in ("", ".", "..") for part in parts):
+                shutil.rmtree(staging, ignore_errors=True)
+                raise ValueError(
+                    f"{url}: object {file!r} has an unsafe name (empty, '.' or '..' parts); not copied"
+                )
+            target = os.path.join(staging, *parts)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             fs.get_file(file, target)
         shutil.rmtree(local, ignore_errors=True)  # a copy removed while in use (not by us)

@@ -171,6 +171,19 @@ def test_an_input_directory_on_a_url_is_copied_once_without_weights(tmp_path):
         buckets.local_input_copy(f"memory://inputs-{tmp_path.name}/missing")
 
 
+def test_an_input_object_named_with_dot_dot_parts_is_refused_not_written_outside(tmp_path):
+    source = f"memory://inputs-evil-{tmp_path.name}/tokenizer"
+    fs = fsspec.filesystem("memory")
+    fs.pipe(f"{source}/tokenizer.json", b"{}")
+    fs.pipe(f"{source}/a/../../../escaped-{tmp_path.name}.txt", b"x")
+    with buckets.using_input_copies():
+        with pytest.raises(ValueError, match=r"unsafe name"):
+            buckets.local_input_copy(source)
+        root = buckets._inputs_root
+        assert not any(name.startswith(".partial-") for name in os.listdir(root))
+    assert not any(f"escaped-{tmp_path.name}" in name for name in os.listdir(tempfile.gettempdir()))
+
+
 def test_input_copies_are_removed_when_the_last_step_using_them_ends(tmp_path):
     source = f"memory://inputs-scope-{tmp_path.name}/tokenizer"
     fsspec.filesystem("memory").pipe(f"{source}/tokenizer.json", b"{}")
