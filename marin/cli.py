@@ -357,6 +357,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         ):
             for name in files:
                 print(f"      {label}: {name}")
+        if comparison.run_records or comparison.fields_left_out:
+            # Declared by the step function (executor.run_records), never by the tree.
+            print(
+                f"      not compared (records of the run, as {comparison.name}'s function declares): "
+                f"{len(comparison.run_records)} file(s)"
+                + (f"; fields {', '.join(comparison.fields_left_out)}" if comparison.fields_left_out else "")
+            )
     print("result: outputs are identical" if report.equal else "result: outputs differ (files listed above)")
     return 0 if report.equal else 1
 

@@ -12,7 +12,9 @@ From each output's `.executor_info` (never anything pickled):
 4. resolve them under the new prefix and check that every version hash equals the
    recorded one (a changed default or dataclass shows up here, with the fields);
 5. run them with the executor, then compare every file of every rebuilt output with
-   the original by SHA-256 and report equal, differing, missing and extra files.
+   the original by SHA-256 and report equal, differing, missing and extra files; what a
+   step function declares as records of its run (`executor.run_records`: logs, tracker
+   files, timing fields) is listed, not compared.
 
 The tree is untrusted input, so what a recorded name may reach is fixed here, not by
 the tree:
@@ -50,6 +52,7 @@ from executor import Executor, ExecutorStep
 from executor.diffing import diff_versions
 from executor.graph import is_absolute_path, resolve
 from executor.provenance import git_state, package_versions
+from executor.run_records import NO_RUN_RECORDS, RunRecords, records_of, without_fields
 from executor.store import normalize_prefix, open_store
 from executor.template import TemplateError, TrustedCode, decode_template
 from executor.tree import info_path
@@ -80,6 +83,11 @@ class FileComparison:
     only_reproduced: tuple[str, ...] = ()
     internal_different: tuple[str, ...] = ()
     """Hidden resume-state files that differ (they may record input paths); not counted."""
+    run_records: tuple[str, ...] = ()
+    """Files the step function declares as records of its run (logs, tracker files, timings),
+    in either output; not compared (see `executor.run_records`)."""
+    fields_left_out: tuple[str, ...] = ()
+    """"file: field" for each declared run-record field of a compared JSON file."""
 
     @property
     def equal(self) -> bool:
@@ -396,16 +404,18 @@ def file_digests(
     step: StepOutput,
     replace: tuple[str, str] | None = None,
     only: set[str] | None = None,
+    records: RunRecords = NO_RUN_RECORDS,
 ) -> dict[str, str]:
-    """SHA-256 of every file of an output (bookkeeping files excluded), streamed.
+    """SHA-256 of every file of an output (bookkeeping files and declared run records excluded), streamed.
 
     With `replace=(old, new)`, the digest is of the content with `old` replaced by `new`
     (for files small enough to hold: they record their own location). `only` limits the
-    files read.
+    files read. A JSON file with declared run-record fields is digested as canonical JSON
+    without those fields.
     """
     digests = {}
     for rel, size in tree.files(step):
-        if only is not None and rel not in only:
+        if (only is not None and rel not in only) or records.is_record_file(rel):
             continue
         path = f"{step.path}/{rel}"
         local = tree.store.local_path(path)
@@ -414,10 +424,16 @@ def file_digests(
             target = os.readlink(local) if os.path.islink(local) else "special file"
             digests[rel] = "not read: " + target
             continue
+        fields = records.fields_of(rel)
         digest = hashlib.sha256()
         with tree.store.fs.open(tree.store.fs_path(path), "rb") as handle:
-            if replace is not None and size <= MAX_REWRITE_BYTES:
-                digest.update(handle.read().replace(replace[0].encode(), replace[1].encode()))
+            if (replace is not None or fields) and size <= MAX_REWRITE_BYTES:
+                data = handle.read()
+                if replace is not None:
+                    data = data.replace(replace[0].encode(), replace[1].encode())
+                if fields:
+                    data = without_fields(data, fields) or data
+                digest.update(data)
             else:
                 while chunk := handle.read(CHUNK):
                     digest.update(chunk)
@@ -426,15 +442,33 @@ def file_digests(
 
 
 def compare_outputs(
-    original: OutputTree, old: StepOutput, copy: OutputTree, new: StepOutput
+    original: OutputTree,
+    old: StepOutput,
+    copy: OutputTree,
+    new: StepOutput,
+    records: RunRecords = NO_RUN_RECORDS,
 ) -> FileComparison:
-    """File-by-file comparison; files equal once the prefix is swapped count as equal."""
-    before, after = file_digests(original, old), file_digests(copy, new)
+    """File-by-file comparison; files equal once the prefix is swapped count as equal.
+
+    `records` (what the step function declares about its run) leaves files and JSON fields
+    that describe the run rather than its result out of the comparison.
+    """
+    before = file_digests(original, old, records=records)
+    after = file_digests(copy, new, records=records)
     different = {k for k in before.keys() & after.keys() if before[k] != after[k]}
     if different:
-        swapped = file_digests(original, old, replace=(original.prefix, copy.prefix), only=different)
+        swapped = file_digests(
+            original, old, replace=(original.prefix, copy.prefix), only=different, records=records
+        )
         different = {k for k in different if swapped[k] != after[k]}
     same = sorted(k for k in before.keys() & after.keys() if k not in different)
+    record_files: set[str] = set()
+    if records.files:
+        for tree, step in ((original, old), (copy, new)):
+            record_files |= {rel for rel, _ in tree.files(step) if records.is_record_file(rel)}
+    fields_left_out = [
+        f"{rel}: {field}" for rel in same + sorted(different) for field in records.fields_of(rel)
+    ]
     return FileComparison(
         name=old.name,
         original=old.path,
@@ -444,6 +478,8 @@ def compare_outputs(
         internal_different=tuple(sorted(k for k in different if is_internal(k))),
         only_original=tuple(sorted(k for k in before.keys() - after.keys() if not is_internal(k))),
         only_reproduced=tuple(sorted(k for k in after.keys() - before.keys() if not is_internal(k))),
+        run_records=tuple(sorted(record_files)),
+        fields_left_out=tuple(fields_left_out),
     )
 
 
@@ -521,5 +557,6 @@ def reproduce(
         reproduced = copy.load_step(new_path)
         if reproduced is None:
             raise ReproduceError(f"{step.name}: the reproduction wrote nothing at {new_path}")
-        report.comparisons.append(compare_outputs(tree, step, copy, reproduced))
+        records = records_of(built[step.path].fn)
+        report.comparisons.append(compare_outputs(tree, step, copy, reproduced, records))
     return report

@@ -9,8 +9,7 @@ step, and a final `analysis/lr-sweep` step writes `results.md` (the table, also 
 and `loss_curves.png` (train and eval loss of the three runs) under its output path.
 """
 
-import json
-import os
+import io
 from dataclasses import dataclass
 
 from executor import ExecutorStep, executor_main, this_output_path, versioned
@@ -43,9 +42,9 @@ def report_sweep(config: SweepReportConfig) -> None:
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
+    from operations.shards import atomic_output, join, read_json
     from operations.train import read_metrics
 
-    os.makedirs(config.output_path, exist_ok=True)
     rows = ["| run | final train loss | eval loss | bits per byte |", "|---|---|---|---|"]
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for label, train_path, eval_path in zip(
@@ -57,8 +56,9 @@ def report_sweep(config: SweepReportConfig) -> None:
         line = axis.plot(*zip(*train, strict=True), label=f"{label} train", linewidth=1.2)[0]
         if evals:
             axis.plot(*zip(*evals, strict=True), "o--", color=line.get_color(), label=f"{label} eval")
-        with open(os.path.join(eval_path, "results.json")) as handle:
-            results = json.load(handle)
+        results = read_json(join(eval_path, "results.json"))
+        if results is None:
+            raise FileNotFoundError(f"{eval_path}/results.json: the eval step wrote no results")
         domain = next(iter(results["domains"].values()))
         rows.append(f"| {label} | {train[-1][1]:.3f} | {domain['loss']:.3f} | {domain['bpb']:.3f} |")
     axis.set_xlabel("step")
@@ -67,11 +67,15 @@ def report_sweep(config: SweepReportConfig) -> None:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(os.path.join(config.output_path, "loss_curves.png"), dpi=120)
+    # Through a buffer: the output path may be a bucket (s3://, gs://), where files appear whole.
+    picture = io.BytesIO()
+    figure.savefig(picture, format="png", dpi=120)
     plt.close(figure)
+    with atomic_output(join(config.output_path, "loss_curves.png")) as handle:
+        handle.write(picture.getvalue())
     table = "\n".join(rows) + "\n"
-    with open(os.path.join(config.output_path, "results.md"), "w") as handle:
-        handle.write(table)
+    with atomic_output(join(config.output_path, "results.md")) as handle:
+        handle.write(table.encode("utf-8"))
     print(table)
 
 
@@ -108,10 +112,12 @@ def sweep_steps(learning_rates=LEARNING_RATES, max_files=None, steps=100, vocab_
 
 
 if __name__ == "__main__":
+    import fsspec
+
     steps = sweep_steps()
     executor = executor_main(steps=steps, description="Learning-rate sweep of a tiny Llama")
     report = executor.output_paths[steps[-1]]
-    if os.path.exists(os.path.join(report, "results.md")):
-        with open(os.path.join(report, "results.md")) as handle:
-            print(handle.read())
+    fs, path = fsspec.core.url_to_fs(f"{report}/results.md")  # local or a bucket
+    if fs.exists(path):
+        print(fs.cat_file(path).decode("utf-8"))
         print(f"Loss curves: {report}/loss_curves.png")
