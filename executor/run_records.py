@@ -15,7 +15,8 @@ declared fields.
 
 The declaration is read from the step function -- code `marin reproduce` has already
 checked it may run -- and never from an output tree: a tree could otherwise declare its
-own differences away.
+own differences away. Code that cannot import the executor (the operations) sets the same
+attribute to plain data: `fn.__run_records__ = {"files": [...], "fields": {...}}`.
 """
 
 from __future__ import annotations
@@ -75,15 +76,28 @@ class RunRecords:
 NO_RUN_RECORDS = RunRecords()
 
 
-def run_records(*files: str, fields: Mapping[str, Iterable[str]] | None = None) -> Callable[[F], F]:
-    """Declare which files (and fields of JSON files) of a step function's output describe the run."""
+def make_run_records(
+    files: Iterable[str] = (), fields: Mapping[str, Iterable[str]] | None = None
+) -> RunRecords:
+    """A checked RunRecords: every pattern a path relative to the output, every field a string."""
+    files = tuple(files)
     for pattern in [*files, *(fields or {})]:
         if not isinstance(pattern, str) or not pattern.strip("/") or pattern.startswith(".."):
             raise ValueError(f"run_records: {pattern!r} is not a path pattern relative to the output")
-    records = RunRecords(
-        files=tuple(files),
-        fields=tuple((pattern, tuple(names)) for pattern, names in (fields or {}).items()),
-    )
+    checked = []
+    for pattern, names in (fields or {}).items():
+        names = (names,) if isinstance(names, str) else tuple(names)
+        if not all(isinstance(name, str) and name for name in names):
+            raise ValueError(
+                f"run_records: the fields of {pattern!r} must be non-empty strings, not {names!r}"
+            )
+        checked.append((pattern, names))
+    return RunRecords(files=files, fields=tuple(checked))
+
+
+def run_records(*files: str, fields: Mapping[str, Iterable[str]] | None = None) -> Callable[[F], F]:
+    """Declare which files (and fields of JSON files) of a step function's output describe the run."""
+    records = make_run_records(files, fields)
 
     def declare(fn: F) -> F:
         setattr(fn, ATTRIBUTE, records)
@@ -99,6 +113,8 @@ def records_of(fn: Any) -> RunRecords:
         records = getattr(fn, ATTRIBUTE, None)
         if isinstance(records, RunRecords):
             return records
+        if isinstance(records, Mapping):
+            return make_run_records(records.get("files", ()), records.get("fields"))
         fn, seen = getattr(fn, "__wrapped__", None), seen + 1
     return NO_RUN_RECORDS
 

@@ -268,7 +268,7 @@ def check_commit(steps: list[StepOutput], checkout: str, allow_code_changes: boo
         if current != commit:
             message = (
                 f"{name} was made by git commit {commit[:12]}; this checkout ({checkout}) is at "
-                f"{(current or 'no git commit')[:12]}"
+                f"{current[:12] if current else 'no git commit'}"
             )
             if allow_code_changes:
                 warnings.append(message + " (--allow-code-changes given: going on)")

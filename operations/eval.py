@@ -42,6 +42,7 @@ from typing import Any
 
 import fsspec
 
+from operations import run_records
 from operations.buckets import configure as configure_buckets
 from operations.buckets import using_input_copies
 from operations.shards import join, read_json, write_json_atomic, write_stats
@@ -112,6 +113,9 @@ def evaluate(config: EvalConfig) -> None:
     seconds = time.perf_counter() - started
     write_json_atomic(results_path, results)
     write_stats(config.output_path, {**results, "seconds": round(seconds, 1)})
+
+
+evaluate.__run_records__ = run_records.EVAL  # type: ignore[attr-defined]
 
 
 def _check(config: EvalConfig) -> None:

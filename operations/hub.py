@@ -31,6 +31,8 @@ import os
 import re
 from typing import Any
 
+from operations import run_records
+
 logger = logging.getLogger(__name__)
 
 TOKENIZER_FILES = (
@@ -131,6 +133,11 @@ def evaluate_with_hub_tokenizer(config: Any) -> None:
     from operations.eval import evaluate
 
     evaluate(_with_local_tokenizer(config))
+
+
+# What the wrapped functions record about their run (see operations/run_records.py).
+train_with_hub_tokenizer.__run_records__ = run_records.TRAIN  # type: ignore[attr-defined]
+evaluate_with_hub_tokenizer.__run_records__ = run_records.EVAL  # type: ignore[attr-defined]
 
 
 def tokenize_with_hub_tokenizer(config: Any) -> None:

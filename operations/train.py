@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from operations import run_records
 from operations.buckets import configure as configure_buckets
 from operations.buckets import is_bucket, local_input_copy, local_staging, using_input_copies
 from operations.shards import is_local, join, read_json, write_json_atomic, write_stats
@@ -288,6 +289,9 @@ def train(config: TrainConfig) -> None:
     configure_buckets()
     with using_input_copies():  # a tokenizer on a bucket is read through a temporary copy
         _train(config)
+
+
+train.__run_records__ = run_records.TRAIN  # type: ignore[attr-defined]
 
 
 def _train(config: TrainConfig) -> None:

@@ -61,3 +61,37 @@ def test_without_fields_drops_nested_and_wildcard_fields_in_json_and_json_lines(
 def test_a_pattern_that_is_not_relative_to_the_output_is_refused(pattern):
     with pytest.raises(ValueError, match="not a path pattern relative to the output"):
         run_records(pattern)
+
+
+def test_plain_data_on_the_function_is_read_and_checked_like_the_decorator():
+    def step(config):
+        return config
+
+    step.__run_records__ = {"files": ["logs/**"], "fields": {"stats.json": "seconds"}}
+    assert records_of(step) == RunRecords(files=("logs/**",), fields=(("stats.json", ("seconds",)),))
+    step.__run_records__ = {"files": ["../outside/**"]}
+    with pytest.raises(ValueError, match="is not a path pattern"):
+        records_of(step)
+    step.__run_records__ = {"fields": {"stats.json": [""]}}
+    with pytest.raises(ValueError, match="fields of 'stats.json' must be non-empty strings"):
+        records_of(step)
+
+
+def test_train_and_eval_declare_timings_but_not_results():
+    from operations.eval import evaluate
+    from operations.hub import evaluate_with_hub_tokenizer, train_with_hub_tokenizer
+    from operations.train import train
+
+    records = records_of(train)
+    assert records == records_of(train_with_hub_tokenizer)
+    assert records_of(evaluate) == records_of(evaluate_with_hub_tokenizer)
+    assert records.is_record_file("logs/quickstart-nano-ac91b2a2-91e9ff623d.log.log")
+    assert not records.is_record_file("checkpoints/step-7/model/lm_head/weight/0.0")
+    assert not records.is_record_file("hf/step-7/model.safetensors")
+    line = b'{"step": 3, "train/loss": 6.2, "throughput/duration": 4.5, "throughput/hook_time": 0.1,'
+    line += (
+        b' "throughput/tokens_per_second": 223.3, "throughput/total_tokens": 2048, "eval/total_time": 2.8}'
+    )
+    kept = json.loads(without_fields(line, records.fields_of("metrics.jsonl")))
+    assert kept == {"step": 3, "train/loss": 6.2, "throughput/total_tokens": 2048}
+    assert records.fields_of("checkpoints/step-4/metadata.json") == ("timestamp",)
