@@ -117,6 +117,9 @@ class Executor:
         with _cyclic_gc_paused():
             graph = resolve(steps, self.prefix)
         self._record_graph(graph)
+        # A wrong endpoint or bucket fails here in one line, before hundreds of status reads
+        # each wait out the client's retries.
+        self.store.check_reachable(self.prefix)
         if dry_run:
             self.store.check_readable(self.prefix)
         self.executor_info_path = experiment_info_path(self.executor_info_base_path, script, graph)

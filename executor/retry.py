@@ -207,6 +207,45 @@ def permanent_kind(error: BaseException) -> str | None:
     return None
 
 
+_UNREACHABLE_NAMES = frozenset(
+    {
+        "EndpointConnectionError",  # botocore: could not connect
+        "ConnectTimeoutError",
+        "ClientConnectorError",  # aiohttp (gcsfs): could not connect
+        "ClientConnectorDNSError",
+        "ConnectionRefusedError",
+        "gaierror",  # the host name does not resolve
+    }
+)
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether `error` means no connection could be made at all (nothing listens there, the
+    name does not resolve): the request never reached a server."""
+    return any(type(link).__name__ in _UNREACHABLE_NAMES for link in _chain(error))
+
+
+def unreachable_message(protocol: str, path: str, error: BaseException) -> str:
+    """One line naming the endpoint, the bucket and the setting to fix, for `unreachable`."""
+    bucket = bucket_of(path)
+    why = f" ({type(error).__name__}: {_first_line(error)})"
+    if protocol in ("s3", "s3a"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            return (
+                f"cannot connect to the S3 server at {endpoint} (AWS_ENDPOINT_URL) for bucket {bucket!r}"
+                f"{why}: start it, or fix AWS_ENDPOINT_URL"
+            )
+        return f"cannot connect to S3 for bucket {bucket!r}{why}: check the network, or set AWS_ENDPOINT_URL"
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if emulator:
+        return (
+            f"cannot connect to the GCS server at {emulator} (STORAGE_EMULATOR_HOST) for bucket "
+            f"{bucket!r}{why}: start it, or fix STORAGE_EMULATOR_HOST"
+        )
+    return f"cannot connect to GCS for bucket {bucket!r}{why}: check the network"
+
+
 def bucket_of(path: str) -> str:
     """`s3://bucket/key` -> `bucket`."""
     return path.split("://", 1)[-1].split("/", 1)[0]
@@ -258,17 +297,22 @@ def call(
     *args,
     policy: RetryPolicy,
     sleep: Callable[[float], None] = time.sleep,
+    retry_unreachable: bool = True,
     **kwargs,
 ) -> T:
     """`fn(*args, **kwargs)`, again after a transient error while `policy` allows; one
     WARNING line per retry naming `operation` and `path`. The last error is raised as it
-    came when the attempts or the total wait run out, or at once when it is not transient."""
+    came when the attempts or the total wait run out, or at once when it is not transient
+    (or, with `retry_unreachable=False`, when no connection could be made: the client
+    library has already tried that several times)."""
     waited = 0.0
     for attempt in range(1, policy.attempts + 1):
         try:
             return fn(*args, **kwargs)
         except Exception as error:
             if attempt == policy.attempts or not is_transient(error):
+                raise
+            if not retry_unreachable and unreachable(error):
                 raise
             wait = policy.wait_before(attempt)
             if waited + wait > policy.total_wait_s:
@@ -314,6 +358,35 @@ def observe_client_retries(fs) -> None:
                 client.meta.events.register("request-created.s3", _log_botocore_retry)
     elif module.startswith("gcsfs"):
         _bridge_logger("gcsfs", "retrying after exception", "gcsfs")
+        _gcsfs_refusals_fail_fast()
+
+
+def _gcsfs_refusals_fail_fast() -> None:
+    """gcsfs retries an HTTP 401 ("Invalid Credentials") five times, ~30 s, in case a token
+    expired; google-auth already refreshes a token before each request that needs it, so a
+    401 is refused credentials and fails at once here (with our one-line message). gcsfs
+    also logs the final error with its traceback (`logger.exception`) before raising it to
+    us: that becomes one WARNING line, since the error is reported where it is handled."""
+    import gcsfs.retry
+
+    if not getattr(gcsfs.retry.is_retriable, "_refusals_fail_fast", False):
+        original = gcsfs.retry.is_retriable
+
+        def is_retriable(exception):
+            if isinstance(exception, gcsfs.retry.HttpError) and exception.code in (401, "401"):
+                return False
+            return original(exception)
+
+        is_retriable._refusals_fail_fast = True
+        gcsfs.retry.is_retriable = is_retriable  # looked up by name at each retry decision
+    target = logging.getLogger("gcsfs")
+    if not getattr(target.exception, "_one_line", False):
+
+        def exception(msg, *args, **kwargs):
+            logger.warning("storage: gcsfs: %s", str(msg) % args if args else msg)
+
+        exception._one_line = True
+        target.exception = exception
 
 
 def _log_botocore_retry(request=None, operation_name=None, **_):

@@ -98,13 +98,22 @@ class Store:
 
         self._retry_policy = retry.RetryPolicy.from_env()
 
-    def _io(self, operation: str, path: str, fn, *args, **kwargs):
+    def _io(self, operation: str, path: str, fn, *args, retry_unreachable: bool = True, **kwargs):
         """`fn(*args, **kwargs)` under the retry policy; a permanent error on an object
-        store becomes a StoreError naming the bucket and the setting to fix."""
+        store, or an endpoint no connection could be made to after the retries, becomes a
+        StoreError naming the bucket and the setting to fix."""
         from executor import retry
 
         try:
-            return retry.call(operation, path, fn, *args, policy=self._retry_policy, **kwargs)
+            return retry.call(
+                operation,
+                path,
+                fn,
+                *args,
+                policy=self._retry_policy,
+                retry_unreachable=retry_unreachable,
+                **kwargs,
+            )
         except StoreError:
             raise
         except Exception as error:
@@ -113,6 +122,8 @@ class Store:
             kind = retry.permanent_kind(error)
             if kind is None and operation in _UPLOADS and isinstance(error, FileNotFoundError):
                 kind = "bucket"
+            if kind is None and retry.unreachable(error):
+                raise StoreError(retry.unreachable_message(self.protocol, path, error)) from error
             if kind is None:
                 raise
             raise StoreError(retry.permanent_message(kind, self.protocol, path, error)) from error
@@ -267,6 +278,11 @@ class Store:
             raise
         except Exception as error:
             raise StoreError(f"cannot read the prefix {prefix}: {type(error).__name__}: {error}") from error
+
+    def check_reachable(self, prefix: str) -> None:
+        """Fail at once, with a StoreError naming the setting, when the storage under `prefix`
+        cannot be reached at all or its bucket does not exist (one request on object stores;
+        nothing elsewhere). A run calls it before reading any step's status."""
 
     def local_path(self, path: str) -> str | None:
         """A local filesystem path for `path`, if the store is local disk."""
@@ -543,12 +559,22 @@ class ConditionalStore(Store):
 
     def _check_bucket(self, prefix: str) -> None:
         # A listing of a missing bucket reads as empty, and some servers (SeaweedFS) create a
-        # bucket on the first write into it: ask for the bucket itself (one request).
+        # bucket on the first write into it: ask for the bucket itself (one request). An
+        # endpoint that takes no connection fails here after the client's own tries alone
+        # (botocore's 5, ~9 s; gcsfs's 6, ~30 s), not again under our policy: it is a wrong
+        # setting far more often than an outage.
         from executor import retry
 
         bucket = retry.bucket_of(prefix)
-        if not self._io("bucket check", prefix, self._bucket_exists, bucket):
+        checked = self.__dict__.setdefault("_buckets_found", set())
+        if bucket in checked:
+            return  # once per store: a run checks at its start, then before it writes
+        if not self._io("bucket check", prefix, self._bucket_exists, bucket, retry_unreachable=False):
             raise StoreError(retry.permanent_message("bucket", self.protocol, prefix, None))
+        checked.add(bucket)
+
+    def check_reachable(self, prefix: str) -> None:
+        self._check_bucket(prefix)
 
     def check_readable(self, prefix: str) -> None:
         self._check_bucket(prefix)

@@ -19,6 +19,11 @@ request, which this proxy does not imitate). The faults, chosen at random per re
 - `429`: an HTTP 429 answer ("too many requests");
 - `reset`: the connection is reset (TCP RST) without an answer.
 
+With `refuse_credentials=401` (or 403) every request is answered as the real service answers
+a request whose credentials it refuses (GCS: its JSON error with reason "authError" or
+"forbidden"; S3: `InvalidAccessKeyId` / `AccessDenied` XML), for servers that check none
+(fake-gcs-server accepts any token, so only this can show what a refusal does).
+
 Only loopback addresses are served and forwarded to. The proxy runs in threads of the
 test process and stops when the `with` block ends.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 import collections
 import http.client
 import http.server
+import json
 import random
 import socket
 import struct
@@ -53,7 +59,14 @@ _HOP_BY_HOP = frozenset(
 class FaultProxy:
     """A reverse proxy to `upstream` (http://127.0.0.1:PORT) failing `fault_rate` of requests."""
 
-    def __init__(self, upstream: str, fault_rate: float = 0.0, seed: int | None = None, flavor: str = "s3"):
+    def __init__(
+        self,
+        upstream: str,
+        fault_rate: float = 0.0,
+        seed: int | None = None,
+        flavor: str = "s3",
+        refuse_credentials: int | None = None,
+    ):
         parsed = urllib.parse.urlsplit(upstream)
         if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"the fault proxy forwards to loopback servers only, not {upstream}")
@@ -61,6 +74,9 @@ class FaultProxy:
         self.upstream_port = parsed.port or 80
         self.fault_rate = fault_rate
         self.flavor = flavor
+        if refuse_credentials not in (None, 401, 403):
+            raise ValueError(f"refuse_credentials is 401 or 403, not {refuse_credentials!r}")
+        self.refuse_credentials = refuse_credentials
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self.requests: collections.Counter[str] = collections.Counter()
@@ -136,6 +152,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._body()  # read it whole first, so a fault never leaves it half-read
+        if self.proxy.refuse_credentials:
+            self.proxy._record(self.command, self.path, f"refused {self.proxy.refuse_credentials}")
+            self._send_error(self.proxy.refuse_credentials)
+            return
         fault = self.proxy._choose_fault(self.command)
         if fault == "reset":
             self.proxy._record(self.command, self.path, fault)
@@ -172,14 +192,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             upstream.close()
 
     def _send_error(self, status: int) -> None:
+        # The wording of each service's refusals, as their documentation shows them.
         if self.proxy.flavor == "gcs":
-            body = (
-                f'{{"error": {{"code": {status}, "message": "injected fault", '
-                f'"errors": [{{"message": "injected fault"}}]}}}}'
+            reason, message = {
+                401: ("authError", "Invalid Credentials"),
+                403: ("forbidden", "caller does not have storage.objects.get access to the bucket"),
+            }.get(status, ("backendError", "injected fault"))
+            body = json.dumps(
+                {
+                    "error": {
+                        "code": status,
+                        "message": message,
+                        "errors": [{"message": message, "reason": reason}],
+                    }
+                }
             ).encode()
             content_type = "application/json"
         else:
-            code = "SlowDown" if status == 503 else "TooManyRequests"
+            code = {401: "InvalidAccessKeyId", 403: "AccessDenied", 503: "SlowDown"}.get(
+                status, "TooManyRequests"
+            )
             body = (
                 f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
                 f"<Message>injected fault</Message><RequestId>fault</RequestId></Error>"

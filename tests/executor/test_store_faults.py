@@ -24,6 +24,7 @@ import pytest
 from executor import retry
 from executor.store import StoreError, open_store
 from tests.fault_proxy import FaultProxy
+from tests.operations.servers import free_port
 from tests.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -315,3 +316,92 @@ def test_a_step_killed_mid_write_leaves_no_success_and_no_partial_object(s3_serv
     fs.invalidate_cache()
     assert fs.cat_file(f"{output}/part-1") == b"x" * (6 * 2**20)
     assert fs.cat_file(f"{output}/.executor_status").decode().rstrip().splitlines()[-1].find("SUCCESS") >= 0
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_gcs_credentials_fail_at_once_naming_the_bucket_and_setting(gcs_server, experiment, status):
+    # fake-gcs-server accepts any token: the proxy answers every request as GCS answers refused
+    # credentials (401 authError / 403 forbidden), the only way to see a refusal here.
+    with FaultProxy(gcs_server.endpoint_url, flavor="gcs", refuse_credentials=status) as proxy:
+        done = run_experiment(
+            experiment, gcs_server.new_prefix(), {"STORAGE_EMULATOR_HOST": proxy.url}, timeout=60
+        )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    [line] = error_lines(done.stderr)
+    assert (
+        "GCS refused the credentials for bucket 'tests'" in line and "GOOGLE_APPLICATION_CREDENTIALS" in line
+    )
+    # At once: the first refused request ends the run; nothing is retried.
+    assert len(proxy.log) == 1, proxy.log
+
+
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_an_endpoint_nothing_listens_on_fails_with_one_line_naming_the_setting(store, experiment):
+    port = free_port()  # nothing listens there
+    if store == "s3":
+        env = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "key",
+            "AWS_SECRET_ACCESS_KEY": "secret",
+            "AWS_REGION": "us-east-1",
+        }
+        setting, server = "AWS_ENDPOINT_URL", "S3"
+    else:
+        env, setting, server = (
+            {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"},
+            "STORAGE_EMULATOR_HOST",
+            "GCS",
+        )
+    done = run_experiment(experiment, f"{store}://tests/x", env, timeout=240)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    [line] = error_lines(done.stderr)
+    assert f"cannot connect to the {server} server at http://127.0.0.1:{port} ({setting})" in line
+    assert "bucket 'tests'" in line and f"fix {setting}" in line
+    # Checked once, before any status read: only the client's own tries, none of ours on top.
+    assert "storage: read" not in done.stderr and "retry 1 of" not in done.stderr
+
+
+def test_an_unreachable_endpoint_mid_run_is_retried_then_named_in_one_line(monkeypatch, caplog):
+    port = free_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv(retry.ATTEMPTS_ENV, "2")
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        store = open_store("s3://tests/p")
+        with (
+            caplog.at_level("WARNING", logger="executor.retry"),
+            pytest.raises(StoreError, match=f"cannot connect to the S3 server at http://127.0.0.1:{port}"),
+        ):
+            store.read_bytes("s3://tests/p/.executor_status")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    # A status read mid-run is retried under the policy (an outage may pass); the probe is not.
+    assert [r.getMessage() for r in caplog.records if "retry 1 of 1" in r.getMessage()]
+
+
+def test_the_unreachable_probe_is_not_retried_under_the_policy():
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    with pytest.raises(ConnectionRefusedError):
+        retry.call(
+            "probe",
+            "s3://b/k",
+            refused,
+            policy=retry.RetryPolicy(),
+            sleep=lambda s: None,
+            retry_unreachable=False,
+        )
+    assert len(calls) == 1
+    with pytest.raises(ConnectionRefusedError):
+        retry.call("read", "s3://b/k", refused, policy=retry.RetryPolicy(attempts=3), sleep=lambda s: None)
+    assert len(calls) == 1 + 3
