@@ -136,13 +136,19 @@ def write_experiment_info(
         "created_date": utc_now_iso(started),
         "finished_date": utc_now_iso() if outcomes is not None else None,
         **provenance,
+        # Marin's ExecutorInfo names the code version `git_commit` at the top level.
+        "git_commit": (provenance.get("git") or {}).get("commit"),
         "steps": [
-            {
+            {  # Marin's ExecutorStepInfo fields, then ours (version_hash, outcome)
                 "name": step.name,
+                "fn_name": step.fn_name,
+                "config": step.config_record,
+                "description": step.step.description,
+                "override_output_path": step.step.override_output_path,
+                "version": step.version,
+                "dependencies": list(step.dependencies),
                 "output_path": step.output_path,
                 "version_hash": step.version_hash,
-                "fn_name": step.fn_name,
-                "dependencies": list(step.dependencies),
                 "outcome": (outcomes or {}).get(step.output_path),
             }
             for step in graph.steps

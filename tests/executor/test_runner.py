@@ -302,6 +302,14 @@ def test_the_experiment_manifest_records_steps_and_provenance(tmp_path):
         assert key in record
     assert record["packages"]["fsspec"]
     assert set(record["git"]) == {"commit", "dirty", "branch", "root"}
+    assert record["git_commit"] == record["git"]["commit"]  # Marin's ExecutorInfo field
+    # Every field of Marin's ExecutorStepInfo, with what the step's .executor_info says.
+    step = record["steps"][0]
+    info = read_info(executor.store, executor.output_paths[a])
+    for key in ("name", "fn_name", "config", "description", "override_output_path", "version", "output_path"):
+        assert step[key] == info[key], key
+    assert step["dependencies"] == [] and step["config"]["value"] == 1
+    assert step["version"]["name"] == "a"
 
 
 def test_executor_info_base_path_moves_the_manifest(tmp_path):
