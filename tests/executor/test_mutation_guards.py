@@ -1113,6 +1113,10 @@ def test_the_manifest_records_each_step_and_its_outcome(tmp_path):
         "output_path": b.output_path,
         "version_hash": b.version_hash,
         "fn_name": "tests.executor.steps_for_tests:write_value",
+        "config": b.config_record,
+        "description": None,
+        "override_output_path": None,
+        "version": b.version,
         "dependencies": [run.output_paths[run.steps[0]]],
         "outcome": "succeeded",
     }
