@@ -230,7 +230,7 @@ def unreachable_message(protocol: str, path: str, error: BaseException) -> str:
     bucket = bucket_of(path)
     why = f" ({type(error).__name__}: {_first_line(error)})"
     if protocol in ("s3", "s3a"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = _s3_endpoint()
         if endpoint:
             return (
                 f"cannot connect to the S3 server at {endpoint} (AWS_ENDPOINT_URL) for bucket {bucket!r}"
@@ -246,6 +246,11 @@ def unreachable_message(protocol: str, path: str, error: BaseException) -> str:
     return f"cannot connect to GCS for bucket {bucket!r}{why}: check the network"
 
 
+def _s3_endpoint() -> str | None:
+    """The endpoint the AWS SDKs use: `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL`."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
 def bucket_of(path: str) -> str:
     """`s3://bucket/key` -> `bucket`."""
     return path.split("://", 1)[-1].split("/", 1)[0]
@@ -256,7 +261,7 @@ def permanent_message(kind: str, protocol: str, path: str, error: BaseException 
     bucket = bucket_of(path)
     why = "" if error is None else f" ({type(error).__name__}: {_first_line(error)})"
     if protocol in ("s3", "s3a"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = _s3_endpoint()
         where = (
             f" at {endpoint} (AWS_ENDPOINT_URL)"
             if endpoint

@@ -535,10 +535,16 @@ class ConditionalStore(Store):
     decides, so two swappers that read the same version cannot both win. Subclasses say
     how to read a version and how to make a write conditional on it.
 
-    One limit, on the safe side for leases: if a conditional write's answer is lost and
-    the client library retries it, the retry meets its own write and reads as a lost race
-    (the lease then waits out its timeout).
+    A conditional write whose answer is lost and which the client library retries meets
+    its own write (HTTP 412): `compare_and_swap` then reads the object again, and if it
+    holds exactly the bytes written (a lease names its worker, so no other driver writes
+    them) the swap counts as done.
     """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, protocol: str):
+        super().__init__(fs, protocol)
+        self._buckets_found: set[str] = set()
+        """Buckets this store has seen exist: a run asks at its start, then before it writes."""
 
     def _read_versioned(self, path: str) -> tuple[bytes | None, str | None]:
         """The object's bytes and version from one read; (None, None) when it is absent."""
@@ -566,12 +572,11 @@ class ConditionalStore(Store):
         from executor import retry
 
         bucket = retry.bucket_of(prefix)
-        checked = self.__dict__.setdefault("_buckets_found", set())
-        if bucket in checked:
-            return  # once per store: a run checks at its start, then before it writes
+        if bucket in self._buckets_found:
+            return  # once per store
         if not self._io("bucket check", prefix, self._bucket_exists, bucket, retry_unreachable=False):
             raise StoreError(retry.permanent_message("bucket", self.protocol, prefix, None))
-        checked.add(bucket)
+        self._buckets_found.add(bucket)
 
     def check_reachable(self, prefix: str) -> None:
         self._check_bucket(prefix)

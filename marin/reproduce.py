@@ -405,16 +405,17 @@ def file_digests(
     replace: tuple[str, str] | None = None,
     only: set[str] | None = None,
     records: RunRecords = NO_RUN_RECORDS,
+    listing: list[tuple[str, int]] | None = None,
 ) -> dict[str, str]:
     """SHA-256 of every file of an output (bookkeeping files and declared run records excluded), streamed.
 
     With `replace=(old, new)`, the digest is of the content with `old` replaced by `new`
     (for files small enough to hold: they record their own location). `only` limits the
     files read. A JSON file with declared run-record fields is digested as canonical JSON
-    without those fields.
+    without those fields. `listing` is `tree.files(step)` when the caller has it already.
     """
     digests = {}
-    for rel, size in tree.files(step):
+    for rel, size in tree.files(step) if listing is None else listing:
         if (only is not None and rel not in only) or records.is_record_file(rel):
             continue
         path = f"{step.path}/{rel}"
@@ -453,19 +454,23 @@ def compare_outputs(
     `records` (what the step function declares about its run) leaves files and JSON fields
     that describe the run rather than its result out of the comparison.
     """
-    before = file_digests(original, old, records=records)
-    after = file_digests(copy, new, records=records)
+    # Each output is listed once (a listing is a request per directory on a bucket).
+    old_files, new_files = list(original.files(old)), list(copy.files(new))
+    before = file_digests(original, old, records=records, listing=old_files)
+    after = file_digests(copy, new, records=records, listing=new_files)
     different = {k for k in before.keys() & after.keys() if before[k] != after[k]}
     if different:
         swapped = file_digests(
-            original, old, replace=(original.prefix, copy.prefix), only=different, records=records
+            original,
+            old,
+            replace=(original.prefix, copy.prefix),
+            only=different,
+            records=records,
+            listing=old_files,
         )
         different = {k for k in different if swapped[k] != after[k]}
     same = sorted(k for k in before.keys() & after.keys() if k not in different)
-    record_files: set[str] = set()
-    if records.files:
-        for tree, step in ((original, old), (copy, new)):
-            record_files |= {rel for rel, _ in tree.files(step) if records.is_record_file(rel)}
+    record_files = {rel for rel, _ in old_files + new_files if records.is_record_file(rel)}
     fields_left_out = [
         f"{rel}: {field}" for rel in same + sorted(different) for field in records.fields_of(rel)
     ]

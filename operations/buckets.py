@@ -195,13 +195,23 @@ def local_staging(destination: str, name: str, preload: tuple[str, ...] = ()) ->
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def _relative_parts(url: str, root: str, key: str) -> list[str]:
+    """The parts of `key` below `root`. A key is untrusted: one with empty, '.' or '..' parts
+    (which would write outside the local copy) is refused."""
+    relative = key[len(root) + 1 :] if key.startswith(root + "/") else ""
+    parts = relative.split("/")
+    if not relative or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{url}: object {key!r} has an unsafe name (empty, '.' or '..' parts); not copied")
+    return parts
+
+
 def download_directory(url: str, local: str) -> int:
     """Copy every object under `url` to the same relative path under `local`; returns the count."""
     fs, root = fsspec.core.url_to_fs(url)
     root = root.rstrip("/")
     files = fs.find(root)
     for file in files:
-        target = os.path.join(local, os.path.relpath(file, root))
+        target = os.path.join(local, *_relative_parts(url, root, file))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         fs.get_file(file, target)
     return len(files)
@@ -272,14 +282,11 @@ def local_input_copy(url: str) -> str:
         local = os.path.join(_inputs_root, hashlib.sha256(url.encode()).hexdigest()[:16])
         staging = tempfile.mkdtemp(prefix=".partial-", dir=_inputs_root)
         for file in files:
-            # A key is untrusted: one with `..` parts must not write outside the copy.
-            relative = file[len(root) + 1 :] if file.startswith(root + "/") else ""
-            parts = relative.split("/")
-            if not relative or any(part in ("", ".", "..") for part in parts):
+            try:
+                parts = _relative_parts(url, root, file)
+            except ValueError:
                 shutil.rmtree(staging, ignore_errors=True)
-                raise ValueError(
-                    f"{url}: object {file!r} has an unsafe name (empty, '.' or '..' parts); not copied"
-                )
+                raise
             target = os.path.join(staging, *parts)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             fs.get_file(file, target)

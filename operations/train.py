@@ -40,7 +40,7 @@ every minute, at each checkpoint and at the end (object stores cannot append). W
 writes locally -- Levanter's log file, W&B's offline run, the HF reference config -- goes to a
 directory under the system temp dir that is uploaded to the output when an attempt ends
 (also with an error; a SIGKILLed attempt's are lost) and then removed; a tokenizer on a
-bucket is read through a temporary local copy removed when the process exits.
+bucket is read through a temporary local copy removed when the step ends.
 
 Tracking: W&B in offline mode (`tracker="wandb"`, files under `<output_path>/wandb`), or
 "json" (Levanter's JSON-lines logger) or "none"; metrics.jsonl is written in every case.

@@ -196,3 +196,19 @@ def test_input_copies_are_removed_when_the_last_step_using_them_ends(tmp_path):
         again = buckets.local_input_copy(source)
         assert os.path.isfile(os.path.join(again, "tokenizer.json"))  # copied anew
     assert not os.path.exists(again)
+
+
+def test_staging_preload_refuses_an_object_named_with_dot_dot_parts(tmp_path):
+    # local_staging(preload=("logs",)) copies the output's logs/ from the bucket first: the
+    # keys there are untrusted like any input's.
+    source = f"memory://staging-evil-{tmp_path.name}/run/logs"
+    fs = fsspec.filesystem("memory")
+    fs.pipe(f"{source}/run.log", b"line\n")
+    fs.pipe(f"{source}/a/../../../escaped.txt", b"x")
+    local = tmp_path / "staging" / "logs"
+    with pytest.raises(ValueError, match=r"unsafe name"):
+        buckets.download_directory(source, str(local))
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "staging" / "escaped.txt").exists()
+    fs.rm(f"{source}/a/../../../escaped.txt")
+    assert buckets.download_directory(source, str(local)) == 1
+    assert (local / "run.log").read_bytes() == b"line\n"
