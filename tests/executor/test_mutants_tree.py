@@ -82,7 +82,10 @@ def test_a_status_line_without_a_date_reads_as_an_empty_date():
             '{"status": "DONE"}',
             "unknown status 'DONE' (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)",
         ),
-        ('{"date": 5}', "unknown status None (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)"),
+        (
+            '{"date": 5}',
+            "unknown status None (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)",
+        ),
         ('{"status": 1}', "unknown status 1 (expected one of RUNNING, SUCCESS, FAILED, DEP_FAILED, WAITING)"),
         (
             '{"status": ["SUCCESS"]}',
