@@ -12,7 +12,10 @@ it also accepts callables (as `module:qualname`) and other objects (by type name
 Encoding choices:
 - dataclasses become `{"__type__": ClassName, field: value, ...}`: two model configs
   of different classes with the same fields are different versions;
-- enums become `"EnumClass.MEMBER"`; paths their POSIX string; tuples are lists;
+- enums whose members are strings or integers (`StrEnum`, `IntEnum`, `class Mode(str, Enum)`)
+  become their value, as `json.dumps` and Marin write them; other enums `"EnumClass.MEMBER"`
+  (Marin's `str(member)`; the class's qualified name, so nested classes stay apart); paths
+  their POSIX string; tuples are lists;
 - sets are sorted by their elements' canonical JSON, so they are deterministic;
 - NaN and infinities are refused: JSON cannot carry them and NaN != NaN;
 - what Marin's configs also version: `timedelta`, numpy/JAX dtypes and scalar types, and
@@ -88,8 +91,8 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
         return out
     if kind is float and math.isfinite(value):
         return value
-    if isinstance(value, enum.Enum):  # before str: a StrEnum member is not just its string
-        return f"{type(value).__qualname__}.{value.name}"
+    if isinstance(value, enum.Enum):  # before str and int: an IntEnum member is not a plain int
+        return _enum_encoding(value)
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -130,7 +133,8 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
         out = {}
         for key, item in value.items():
             if isinstance(key, enum.Enum):
-                text = f"{type(key).__qualname__}.{key.name}"
+                text = _enum_encoding(key)
+                text = text if isinstance(text, str) else json.dumps(text)
             elif isinstance(key, (str, int, float, bool)) or key is None:
                 text = key if isinstance(key, str) else json.dumps(key)
             else:
@@ -162,6 +166,16 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
         return f"{getattr(value, '__module__', '?')}:{value.__qualname__}"
     text = repr(value)
     return f"<{_describe(value)}>" if " at 0x" in text else text
+
+
+def _enum_encoding(member: enum.Enum) -> str | int:
+    """A str- or int-valued enum member (StrEnum, IntEnum, a str/int mixin) as its value,
+    as Marin's version JSON has it; any other member as `"Class.MEMBER"`."""
+    if isinstance(member, str):
+        return str.__str__(member)  # the value, even where the class overrides __str__
+    if isinstance(member, int):
+        return int.__int__(member)
+    return f"{type(member).__qualname__}.{member.name}"
 
 
 MAX_ARRAY_ELEMENTS = 4096

@@ -19,7 +19,7 @@ from typing import Any
 from executor.fingerprint import canonical_json, sha256_hex
 from executor.graph import HASH_LENGTH, StepGraph, join_path
 from executor.store import Store
-from executor.tree import utc_now_iso
+from executor.tree import split_config_types, utc_now_iso
 
 
 def caller_script() -> str | None:
@@ -139,10 +139,11 @@ def write_experiment_info(
         # Marin's ExecutorInfo names the code version `git_commit` at the top level.
         "git_commit": (provenance.get("git") or {}).get("commit"),
         "steps": [
-            {  # Marin's ExecutorStepInfo fields, then ours (version_hash, outcome)
+            {  # Marin's ExecutorStepInfo fields, then ours (config_types, version_hash, outcome)
                 "name": step.name,
                 "fn_name": step.fn_name,
-                "config": step.config_record,
+                "config": config,
+                "config_types": config_types,
                 "description": step.step.description,
                 "override_output_path": step.step.override_output_path,
                 "version": step.version,
@@ -152,6 +153,7 @@ def write_experiment_info(
                 "outcome": (outcomes or {}).get(step.output_path),
             }
             for step in graph.steps
+            for config, config_types in [split_config_types(step.config_record)]
         ],
     }
     # Compact: the C encoder is ~3x faster than an indented dump on large experiments.

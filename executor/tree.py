@@ -326,15 +326,18 @@ def step_info_record(
     `dispatch` is where the backend ran it (backend, device chosen, Ray options).
     """
     names = graph.names_by_path
+    config, config_types = split_config_types(step.config_record)
     return {
         "name": step.name,
         "fn_name": step.fn_name,
         "description": step.step.description,
-        "config": step.config_record,
+        "config": config,
+        "config_types": config_types,
         "config_digest": step.config_digest,
         "version": step.version,
         "version_hash": step.version_hash,
-        "dependencies": [
+        "dependencies": list(step.dependencies),
+        "dependency_steps": [
             {"name": names.get(path), "output_path": path, "blocking": path in step.blocking_deps}
             for path in step.dependencies
         ],
@@ -352,6 +355,69 @@ def step_info_record(
 
 def _plain(value: Any) -> Any:
     return encode(value, strict=False)
+
+
+TYPE_KEY = "__type__"
+"""Where the encoder records a dataclass's class name (see `executor.fingerprint`)."""
+
+MAX_TYPED_DEPTH = 100
+"""How deep `split_config_types`/`recorded_config` look for dataclasses (the encoder's limit)."""
+
+
+def split_config_types(record: Any) -> tuple[Any, dict[str, str]]:
+    """An encoded config as Marin records it (`dataclasses.asdict`: no `__type__` keys), and
+    the class names taken out, by field path as `executor.diffing.flatten` names fields
+    ("" for the config itself, "model", "leaves[0]").
+
+    `.executor_info` keeps both (`config`, `config_types`), so a Marin reader sees a plain
+    dict and `marin diff`/`why` can still say which dataclass changed (`recorded_config`).
+    """
+    types: dict[str, str] = {}
+
+    def strip(value: Any, path: str, depth: int) -> Any:
+        if depth > MAX_TYPED_DEPTH:
+            return value
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                if key == TYPE_KEY and isinstance(item, str):
+                    types[path] = item
+                    continue
+                out[key] = strip(item, f"{path}.{key}" if path else str(key), depth + 1)
+            return out
+        if isinstance(value, list):
+            return [strip(item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)]
+        return value
+
+    return strip(record, "", 0), types
+
+
+def recorded_config(info: dict[str, Any]) -> Any:
+    """The config an `.executor_info` records, as the encoder wrote it (`__type__` keys back
+    in place from `config_types`), whichever form the file has: ours since issue 12,
+    ours before (types inline), or Marin's (no types). For comparing with `config_record`."""
+    config = info.get("config")
+    types = info.get("config_types")
+    if not isinstance(types, dict) or not types:
+        return config
+
+    def restore(value: Any, path: str, depth: int) -> Any:
+        if depth > MAX_TYPED_DEPTH:
+            return value
+        if isinstance(value, dict):
+            out = {
+                key: restore(item, f"{path}.{key}" if path else str(key), depth + 1)
+                for key, item in value.items()
+            }
+            name = types.get(path)
+            if isinstance(name, str):
+                out = {TYPE_KEY: name, **out}
+            return out
+        if isinstance(value, list):
+            return [restore(item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)]
+        return value
+
+    return restore(config, "", 0)
 
 
 def write_info(store: Store, record: dict[str, Any]) -> None:

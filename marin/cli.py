@@ -188,7 +188,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         upstream = tree.by_path.get(str(dep.get("output_path")))
         status = upstream.status if upstream else "missing"
         blocking = "" if dep.get("blocking", True) else " (nonblocking)"
-        print(f"  {dep.get('name')}: {dep.get('output_path')} [{status}]{blocking}")
+        name = dep.get("name") or (upstream.name if upstream else "?")
+        print(f"  {name}: {dep.get('output_path')} [{status}]{blocking}")
     if not step.dependencies:
         print("  (none)")
     print("\nversion (what the hash covers):")

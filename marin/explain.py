@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from executor.diffing import diff_flat, diff_versions, flatten
+from executor.tree import recorded_config
 from marin.outputs import OutputTree, StepOutput
 
 
@@ -90,7 +91,7 @@ def explain(tree: OutputTree, old: StepOutput, new: StepOutput, depth: int = 5) 
     result.unversioned = [
         change.describe()
         for change in diff_flat(
-            flatten(_dict(old_info.get("config"))), flatten(_dict(new_info.get("config")))
+            flatten(_dict(recorded_config(old_info))), flatten(_dict(recorded_config(new_info)))
         )
         if not (_is_tree_path(change.old, tree) and _is_tree_path(change.new, tree))
         and not _versioned_field(change.field, new_version)

@@ -184,8 +184,29 @@ class StepOutput:
 
     @property
     def dependencies(self) -> list[dict[str, Any]]:
-        recorded = (self.info or {}).get("dependencies")
-        return [entry for entry in recorded if isinstance(entry, dict)] if isinstance(recorded, list) else []
+        """`{name, output_path, blocking}` per upstream step: from `dependency_steps` (ours), or
+        from `dependencies` as objects (ours before issue 12) or output paths (Marin's)."""
+        _, recorded = self._recorded_dependencies()
+        return [
+            entry if isinstance(entry, dict) else {"name": None, "output_path": entry, "blocking": True}
+            for entry in recorded
+            if isinstance(entry, (dict, str))
+        ]
+
+    def dependency_field(self, index: int) -> str:
+        """Where `dependencies[index]`'s output path is in `.executor_info` (for messages)."""
+        key, recorded = self._recorded_dependencies()
+        position = [i for i, entry in enumerate(recorded) if isinstance(entry, (dict, str))][index]
+        return f"{key}[{position}]" + (".output_path" if isinstance(recorded[position], dict) else "")
+
+    def _recorded_dependencies(self) -> tuple[str, list]:
+        """(key, list) of the first of `dependency_steps`, `dependencies` that holds a list."""
+        info = self.info or {}
+        for key in ("dependency_steps", "dependencies"):
+            recorded = info.get(key)
+            if isinstance(recorded, list):
+                return key, recorded
+        return "dependencies", []
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ def _closure(tree: OutputTree, target: StepOutput) -> list[StepOutput]:
             path = dependency.get("output_path")
             if not tree.contains(path):
                 raise ReproduceError(
-                    f"{info_path(step.path)}: field 'dependencies[{index}].output_path' is {path!r}, not a "
+                    f"{info_path(step.path)}: field '{step.dependency_field(index)}' is {path!r}, not a "
                     f"path inside the prefix {tree.prefix}: refused"
                 )
             if path in chain:

@@ -41,6 +41,19 @@ class Mode(enum.StrEnum):
     FAST = "fast"
 
 
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class Shape(str, enum.Enum):
+    """A str mixin whose `__str__` says something else: the value is what is encoded."""
+
+    ROUND = "round"
+
+    def __str__(self) -> str:
+        return "Shape: round"
+
+
 @dataclass(frozen=True)
 class Leaf:
     label: str = "feuille"
@@ -131,13 +144,14 @@ def golden_steps() -> dict[str, ExecutorStep]:
 GOLDEN_HASHES = {
     "raw": "49062f7a9ac097a6fa158ecb1477bb92d93925eb731c559b80ff10073cd349a1",
     "numbers": "3f748a9b78fbf6ab577a4dd4efda8df981307e7799e5a1820c9bd8cf0b113c42",
-    "nested": "fbb0900160264d28e599c0be3d355d97f37a2945d0eb79a822615e03f1d85e4c",
+    # Changed deliberately (issue 12): a StrEnum member now encodes as its value, as in Marin.
+    "nested": "221b0b4cec979dd4e6b3e585ae6e5bf829e94a2f8f7918d888835b06636a1bc4",
 }
 
 GOLDEN_PATHS = {
     "raw": "/golden/prefix/raw/texts-49062f7a",
     "numbers": "/golden/prefix/numbers-3f748a9b",
-    "nested": "/golden/prefix/nested/deep-fbb09001",
+    "nested": "/golden/prefix/nested/deep-221b0b4c",
 }
 
 GOLDEN_NUMBERS_JSON = (
@@ -192,7 +206,9 @@ ENCODED_LEAVES = [
     ("\x00\x1f\u2028", '"\\u0000\\u001f\u2028"'),
     (PurePosixPath("a/b"), '"a/b"'),
     (Color.RED, '"Color.RED"'),
-    (Mode.FAST, '"Mode.FAST"'),
+    (Mode.FAST, '"fast"'),
+    (Level.HIGH, "3"),
+    (Shape.ROUND, '"round"'),
     ((1, [2]), "[1,[2]]"),
     (b"\x01", '{"__bytes__":"01"}'),
     ({"b": 1, "a": 2, 3: 4}, '{"3":4,"a":2,"b":1}'),
@@ -233,6 +249,8 @@ LEAF_IDS = [
     "path",
     "enum",
     "str-enum",
+    "int-enum",
+    "str-mixin-enum-with-own-str",
     "tuple",
     "bytes",
     "int-key-dict",

@@ -8,9 +8,11 @@ files below are written byte for byte as Marin's `StatusFile` writes them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -18,7 +20,15 @@ from executor import Executor, ExecutorStep, LeaseConfig, this_output_path, vers
 from executor.graph import resolve
 from executor.plan import Action
 from executor.store import open_store
-from executor.tree import LeaseRecord, Status, lease_path, read_status, status_path
+from executor.tree import (
+    LeaseRecord,
+    Status,
+    lease_path,
+    read_status,
+    recorded_config,
+    split_config_types,
+    status_path,
+)
 from tests.executor.steps_for_tests import WriteConfig, write_value
 
 LEASES = LeaseConfig(heartbeat_interval=5.0, timeout=90.0, poll_interval=0.05)
@@ -36,6 +46,11 @@ def write(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as handle:
         handle.write(text)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as handle:
+        return json.load(handle)
 
 
 def marin_lease(worker: str, timestamp: float) -> str:
@@ -114,3 +129,83 @@ def test_a_malformed_marin_lease_reads_as_no_lease(text):
 def test_marin_lease_fields_map_to_ours():
     record = LeaseRecord.parse(marin_lease("w-1", 1234.5).encode())
     assert record == LeaseRecord(worker="w-1", heartbeat=1234.5, acquired=1234.5)
+
+
+# -- .executor_info: config as `dataclasses.asdict` gives it, dependencies as output paths ----------
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    learning_rate: float = 0.1
+    betas: tuple = (0.9, 0.95)
+
+
+@dataclass(frozen=True)
+class Nested:
+    output_path: str
+    input_path: str
+    optimizer: Optimizer
+    schedule: list
+    label: str = "x"
+
+
+def read_nothing(config: Nested) -> None:
+    os.makedirs(config.output_path, exist_ok=True)
+
+
+def nested_steps() -> tuple[ExecutorStep, ExecutorStep]:
+    up = step("up")
+    down = ExecutorStep(
+        "down",
+        read_nothing,
+        Nested(
+            output_path=this_output_path(),
+            input_path=up / "value.json",
+            optimizer=versioned(Optimizer()),
+            schedule=[Optimizer(0.5), {"warmup": 10}],
+        ),
+    )
+    return up, down
+
+
+def test_the_recorded_config_is_what_dataclasses_asdict_gives(tmp_path):
+    """Marin's ExecutorStepInfo records `asdict(config)` (tuples as JSON lists) and the
+    upstream output paths; the class names go to `config_types`, beside it."""
+    up, down = nested_steps()
+    executor = Executor(str(tmp_path), console=False, lease_config=LEASES)
+    executor.run([down])
+    graph = resolve([down], str(tmp_path))
+    info = read_json(os.path.join(graph.resolved(down).output_path, ".executor_info"))
+    concrete = graph.resolved(down).config
+    assert info["config"] == json.loads(json.dumps(dataclasses.asdict(concrete)))
+    assert info["dependencies"] == [graph.resolved(up).output_path]
+    assert info["config_types"] == {"": "Nested", "optimizer": "Optimizer", "schedule[0]": "Optimizer"}
+
+
+def test_the_class_names_come_back_for_comparisons():
+    up, down = nested_steps()
+    record = resolve([down], "/p").resolved(down).config_record
+    plain, types = split_config_types(record)
+    assert recorded_config({"config": plain, "config_types": types}) == record
+    assert recorded_config({"config": record}) == record  # written before config_types existed
+
+
+@pytest.mark.parametrize("form", ["current", "types inline (before issue 12)"])
+def test_a_reused_output_reports_only_real_unversioned_changes_whatever_its_info_form(tmp_path, form):
+    """The unversioned-change warning compares the recorded config with today's: a class name
+    moved to `config_types` (or still inline in an older tree) is no change; a label is."""
+    up, down = nested_steps()
+    prefix = str(tmp_path)
+    Executor(prefix, console=False, lease_config=LEASES).run([down])
+    info_file = os.path.join(resolve([down], prefix).resolved(down).output_path, ".executor_info")
+    info = read_json(info_file)
+    if form != "current":
+        info["config"] = recorded_config(info)
+        del info["config_types"]
+        write(info_file, json.dumps(info))
+    plan = Executor(prefix, console=False, lease_config=LEASES).run([down], dry_run=True)
+    assert {row.name: row.unversioned_changes for row in plan.rows}["down"] == ()
+
+    relabelled = ExecutorStep("down", read_nothing, dataclasses.replace(down.config, label="y"))
+    plan = Executor(prefix, console=False, lease_config=LEASES).run([relabelled], dry_run=True)
+    assert {row.name: row.unversioned_changes for row in plan.rows}["down"] == ("label: 'x' -> 'y'",)

@@ -473,7 +473,8 @@ def test_step_info_record_lists_what_reproduce_needs(tmp_path):
     assert record["description"] == "d"
     assert record["config_digest"] == resolved.config_digest
     assert record["version_hash"] == resolved.version_hash
-    assert record["dependencies"] == [{"name": "data/up", "output_path": up_path, "blocking": False}]
+    assert record["dependencies"] == [up_path]
+    assert record["dependency_steps"] == [{"name": "data/up", "output_path": up_path, "blocking": False}]
     assert record["override_output_path"] is None
     assert record["run"] == {"script": "x.py"}
     assert record["pip_dependency_groups"] == ["cpu"]

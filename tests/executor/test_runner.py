@@ -67,9 +67,13 @@ def test_step_info_records_what_ran(tmp_path):
     assert info["config"]["output_path"] == executor.output_paths[b]
     assert info["config"]["inputs"] == [executor.output_paths[a] + "/sub"]
     assert info["version"]["config"] == {"value": 2, "inputs[0]": "DEP[0]/sub"}
-    assert info["dependencies"] == [
+    # Marin's ExecutorStepInfo form: dependencies as output paths, config as `asdict` gives it.
+    assert info["dependencies"] == [executor.output_paths[a]]
+    assert info["dependency_steps"] == [
         {"name": "data/a", "output_path": executor.output_paths[a], "blocking": True}
     ]
+    assert "__type__" not in json.dumps(info["config"])
+    assert info["config_types"] == {"": "WriteConfig"}
     info_a = read_info(executor.store, executor.output_paths[a])
     assert info_a["description"] == "the first step"
     assert info_a["resources"] == {"cpu": 1}

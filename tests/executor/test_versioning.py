@@ -236,9 +236,13 @@ def test_enums_and_paths_are_encodable_and_deterministic():
     assert resolved(step_of(x=versioned(Path("data/train")))).version["config"] == {"x": "data/train"}
 
 
-def test_str_enums_encode_as_enum_members():
-    assert_diff_version({"x": versioned("fast")}, {"x": versioned(Mode.FAST)})
-    assert resolved(step_of(x=versioned(Mode.FAST))).version["config"] == {"x": "Mode.FAST"}
+def test_str_and_int_enums_encode_as_their_values_as_in_marin():
+    """Marin's version JSON writes a str/int-mixin member as its value (json.dumps does), so a
+    field that moves from "fast" to Mode.FAST keeps its version; plain enums keep the member name."""
+    assert_same_version({"x": versioned("fast")}, {"x": versioned(Mode.FAST)})
+    assert resolved(step_of(x=versioned(Mode.FAST))).version["config"] == {"x": "fast"}
+    assert_same_version({"x": versioned({"fast": 1})}, {"x": versioned({Mode.FAST: 1})})
+    assert_diff_version({"x": versioned(Mode.FAST)}, {"x": versioned("slow")})
 
 
 # -- inputs ------------------------------------------------------------------------------

@@ -230,12 +230,23 @@ def test_a_dependency_outside_the_prefix_is_refused(capsys, tree, tmp_path):
     info = edit(
         tree,
         lambda record: record.update(
-            dependencies=[{"name": "x", "output_path": str(tmp_path / "elsewhere")}]
+            dependency_steps=[{"name": "x", "output_path": str(tmp_path / "elsewhere")}]
         ),
     )
     reproduce_refused(
-        capsys, tree, tmp_path, info, "field 'dependencies[0].output_path'", "not a path inside"
+        capsys, tree, tmp_path, info, "field 'dependency_steps[0].output_path'", "not a path inside"
     )
+
+
+def test_a_marin_style_dependency_outside_the_prefix_is_refused(capsys, tree, tmp_path):
+    """Marin records dependencies as bare output paths; those are checked the same way."""
+
+    def change(record):
+        record.pop("dependency_steps", None)
+        record["dependencies"] = [str(tmp_path / "elsewhere")]
+
+    info = edit(tree, change)
+    reproduce_refused(capsys, tree, tmp_path, info, "field 'dependencies[0]'", "not a path inside")
 
 
 # -- the files themselves -------------------------------------------------------------------------
