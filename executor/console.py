@@ -56,7 +56,9 @@ class ConsoleProgress:
             if event.output_path not in self.planned_skips:
                 self._print(f"skip   {event.name}  ({event.reason})")
         elif isinstance(event, StepWaiting):
-            self._print(f"wait   {event.name}  held by {event.holder} since {utc_now_iso(event.since)}")
+            self._print(
+                f"wait   {event.name}  held by {event.holder}, last heartbeat {utc_now_iso(event.heartbeat)}"
+            )
         elif isinstance(event, StepFailed):
             self._finish(event.output_path)
             where = f"  (log: {event.log_path})" if event.log_path else ""

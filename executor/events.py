@@ -44,8 +44,8 @@ class StepWaiting(StepEvent):
     holder: str
     """Worker id of the driver running the step."""
 
-    since: float
-    """When that driver acquired the lease (Unix time)."""
+    heartbeat: float
+    """That driver's last heartbeat on the lease (Unix time)."""
 
 
 @dataclass(frozen=True)

@@ -254,9 +254,9 @@ _PLAIN_DATACLASS_FIELDS: dict[type, tuple[str, ...]] = {}
 
 @functools.cache
 def _marker_types() -> tuple[type, ...]:
-    from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
+    from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue
 
-    return (InputName, ExecutorStep, OutputName, VersionedValue)
+    return (InputName, ExecutorStep, OutputName, VersionedValue, MirroredValue)
 
 
 def _child(path: str, key: str) -> str:

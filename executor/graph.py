@@ -59,6 +59,7 @@ from executor.steps import (
     RESERVED_FIRST_PARTS,
     ExecutorStep,
     InputName,
+    MirroredValue,
     OutputName,
     StepDefinitionError,
     VersionedValue,
@@ -89,6 +90,23 @@ def fn_qualname(fn: Any) -> str:
     return f"{module}:{qualname}"
 
 
+@dataclass(frozen=True)
+class Mirror:
+    """A `mirrored()` path of a step's config, made present before the step runs (`executor.mirror`)."""
+
+    field: str
+    """The config field holding it (dotted path)."""
+
+    relative_path: str
+    """The path relative to the prefix, as given to `mirrored()`."""
+
+    path: str
+    """`<prefix>/<relative_path>`: what the step sees."""
+
+    budget_gb: float
+    """Most gigabytes one run may copy for it."""
+
+
 @dataclass(frozen=True, eq=False)
 class ResolvedStep:
     """A step with its version, output path and concrete config. Immutable."""
@@ -112,6 +130,9 @@ class ResolvedStep:
 
     nonblocking_deps: tuple[str, ...]
     """Output paths of upstream steps whose paths are used without waiting for them."""
+
+    mirrors: tuple[Mirror, ...] = ()
+    """The `mirrored()` paths of the config, in field order."""
 
     @property
     def dependencies(self) -> tuple[str, ...]:
@@ -283,6 +304,7 @@ class _VersionBuilder:
         "dep_paths",
         "blocking",
         "output_path",
+        "mirrors",
     )
 
     def __init__(self, step: ExecutorStep, prefix: str, resolved: dict[int, ResolvedStep]):
@@ -294,6 +316,7 @@ class _VersionBuilder:
         self.dep_paths: list[str] = []
         self.blocking: dict[str, bool] = {}
         self.output_path: str | None = None  # known only once the version is
+        self.mirrors: list[Mirror] = []
 
     def dep_index(self, upstream: ResolvedStep, block: bool) -> int:
         if upstream.output_path in self.blocking:
@@ -341,6 +364,16 @@ class _VersionBuilder:
                 raise StepDefinitionError(f"step {self.step.name!r}: versioned {error}") from None
             self.record(path, encoded)
             return
+        if isinstance(marker, MirroredValue):
+            # As in Marin, the version looks through it: only a versioned path counts.
+            if isinstance(marker.value, VersionedValue):
+                self.record(path, marker.relative_path)
+            self.mirrors.append(
+                Mirror(
+                    path, marker.relative_path, join_path(self.prefix, marker.relative_path), marker.budget_gb
+                )
+            )
+            return
         if not isinstance(marker, OutputName):
             raise AssertionError(f"unexpected marker {marker!r}")
 
@@ -350,6 +383,8 @@ class _VersionBuilder:
             return marker.value
         if isinstance(marker, OutputName):
             return join_path(self.output_path, marker.name)
+        if isinstance(marker, MirroredValue):
+            return join_path(self.prefix, marker.relative_path)
         if isinstance(marker, ExecutorStep):
             return self.resolved[id(marker)].output_path
         if marker.step is None:  # an InputName with a hard-coded path
@@ -396,6 +431,7 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
             config=_concrete_config(step, builder) if markers[id(step)] else step.config,
             blocking_deps=tuple(p for p in builder.dep_paths if builder.blocking[p]),
             nonblocking_deps=tuple(p for p in builder.dep_paths if not builder.blocking[p]),
+            mirrors=tuple(builder.mirrors),
         )
         existing = by_path.get(output_path)
         if existing is not None:

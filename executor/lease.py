@@ -27,7 +27,7 @@ and never reads it. What the timing rule does not defend against is someone outs
 protocol rewriting a young lease by hand; a lease older than the heartbeat interval is
 always checked against our bytes.
 
-Timing is wall-clock time of the drivers (`heartbeat` is a Unix timestamp), so
+Timing is wall-clock time of the drivers (the lease's `timestamp` is Unix time), so
 drivers on different machines need clocks within a fraction of `timeout`.
 
 Where the heartbeats run. By default a thread of the driver refreshes its leases. Given a
@@ -196,7 +196,6 @@ class LeaseManager:
         # sampled with it (before the write, so the age is never underestimated): a
         # wall-clock jump must not make an old lease look young.
         self._written: dict[str, float] = {}
-        self._host = _hostname()
         self._lost: set[str] = set()
         self._lock = threading.Lock()
         # One lock per lease serialises each read-of-our-bytes + swap: without it the heartbeat
@@ -229,7 +228,7 @@ class LeaseManager:
             now, sampled = time.time(), time.monotonic()
             if current is not None and not self.is_stale(record, now):
                 return AcquireResult(acquired=False, holder=record)
-            mine = self._record(now, acquired=now)
+            mine = self._record(now)
             if self.store.compare_and_swap(path, current, mine):
                 with self._lock:
                     self._held[output_path] = mine
@@ -257,9 +256,7 @@ class LeaseManager:
             if self.keeper_prefix is not None:
                 mine = self._ask_keeper("refresh", output_path)
             else:
-                record = LeaseRecord.parse(previous)
-                now = time.time()
-                mine = self._record(now, acquired=record.acquired if record else now)
+                mine = self._record(time.time())
                 if not self.store.compare_and_swap(lease_path(output_path), previous, mine):
                     mine = None
             if mine is not None:
@@ -310,7 +307,7 @@ class LeaseManager:
         ):
             return False
         now, sampled = time.time(), time.monotonic()
-        mine = self._record(now, acquired=now)
+        mine = self._record(now)
         if not self.store.compare_and_swap(path, current, mine):
             return False
         with self._lock:
@@ -412,14 +409,8 @@ class LeaseManager:
                 lock = self._swap_locks[output_path] = threading.RLock()
             return lock
 
-    def _record(self, now: float, acquired: float) -> bytes:
-        return LeaseRecord(
-            worker=self.worker_id,
-            heartbeat=now,
-            acquired=acquired,
-            host=self._host,
-            pid=os.getpid(),
-        ).to_bytes()
+    def _record(self, now: float) -> bytes:
+        return LeaseRecord(worker=self.worker_id, heartbeat=now).to_bytes()
 
     def _mark_lost(self, output_path: str) -> None:
         with self._lock:

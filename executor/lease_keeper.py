@@ -196,7 +196,8 @@ def with_fresh_heartbeat(previous: bytes) -> bytes:
         record = {}
     if not isinstance(record, dict):
         record = {}
-    record["heartbeat"] = time.time()
+    # Marin's form ({timestamp, worker_id}); a lease written before it took that form keeps its own.
+    record["heartbeat" if "heartbeat" in record and "timestamp" not in record else "timestamp"] = time.time()
     return json.dumps(record, sort_keys=True).encode("utf-8")
 
 
@@ -205,11 +206,17 @@ STATUS_TAIL_BYTES = 1 << 16
 trusted to keep it small)."""
 
 
-def _worker(data: bytes) -> str | None:
+def _worker(data: bytes, key: str = "worker") -> str | None:
+    """The worker id in a status line (`worker`) or, with key="worker_id", in a lease."""
     try:
-        return json.loads(data).get("worker")
+        return json.loads(data).get(key)
     except (ValueError, AttributeError):
         return None
+
+
+def _lease_worker(data: bytes) -> str | None:
+    """The holder of a lease: `worker_id` (Marin's form), or `worker` in one written before it."""
+    return _worker(data, "worker_id") or _worker(data)
 
 
 class _Keeper:
@@ -251,7 +258,7 @@ class _Keeper:
 
     def handle(self, message: dict) -> None:
         op, path = message["op"], message["path"]
-        if op != "hold" and path in self.held and _worker(self.held[path]) != message.get("worker"):
+        if op != "hold" and path in self.held and _lease_worker(self.held[path]) != message.get("worker"):
             # Another run in the driver's process holds this lease now (it took it over from
             # the sender): the sender's messages about it are stale.
             if op in ("refresh", "release", "hand_over"):
@@ -337,8 +344,8 @@ class _Keeper:
             return False  # cannot tell: try again at the next refresh
         if current is None:
             return self._finished_by_another(path)
-        worker = _worker(current)
-        if worker is not None and worker == _worker(self.held[path]):
+        worker = _lease_worker(current)
+        if worker is not None and worker == _lease_worker(self.held[path]):
             self.held[path] = current
             return False
         return True
@@ -353,7 +360,7 @@ class _Keeper:
         except OSError:
             return False
         last = (data or b"").rstrip(b"\n").rpartition(b"\n")[2]
-        other = bool(last) and _worker(last) not in (None, _worker(self.held[path]))
+        other = bool(last) and _worker(last) not in (None, _lease_worker(self.held[path]))
         if not other:
             self.forget(path)
         return other

@@ -337,7 +337,7 @@ def _plan_step(
         return PlannedStep(
             step,
             Action.WAIT,
-            f"running elsewhere: held by {lease.worker} since {utc_now_iso(lease.acquired)}",
+            f"running elsewhere: held by {lease.worker}, last heartbeat {utc_now_iso(lease.heartbeat)}",
             status,
             lease,
         )

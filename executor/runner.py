@@ -74,6 +74,7 @@ from executor.events import (
 )
 from executor.lease import LeaseManager
 from executor.logs import capture_step_log, streams_wrapped
+from executor.mirror import MirrorError
 from executor.plan import Action, Plan, PlannedStep
 from executor.store import Store
 from executor.tree import Status, append_status, log_path, read_last_status, step_info_record, write_info
@@ -402,7 +403,7 @@ class Runner:
             holder = attempt.holder
             if holder is not None and holder.worker != announced:
                 announced = holder.worker
-                self.emit(StepWaiting(row.name, path, holder=holder.worker, since=holder.acquired))
+                self.emit(StepWaiting(row.name, path, holder=holder.worker, heartbeat=holder.heartbeat))
                 if follower is None and self.follow_logs:
                     follower = _LogFollower(self.store, row.name, log_path(path))
             if follower is not None:
@@ -420,6 +421,8 @@ class Runner:
         except (UnsatisfiableError, StepFunctionError) as refused:
             error = refused
         write_info(self.store, step_info_record(step, self.plan.graph, self.run_record, dispatch))
+        if error is None and step.mirrors:
+            error = self._ensure_mirrors(row)
         if error is None and dispatch.get("hosted"):
             return self._run_hosted(row, dispatch)
         append_status(self.store, path, Status.RUNNING, None, worker)
@@ -444,7 +447,7 @@ class Runner:
         if error is not None:
             message = (
                 str(error)
-                if isinstance(error, (StepFunctionError, UnsatisfiableError))  # already worded
+                if isinstance(error, (StepFunctionError, UnsatisfiableError, MirrorError))  # already worded
                 else f"{type(error).__name__}: {error}"
             )
             try:
@@ -468,6 +471,26 @@ class Runner:
             self.leases.release(path)
         self.emit(StepSucceeded(row.name, path, duration=duration))
         return Outcome.SUCCEEDED, ""
+
+    def _ensure_mirrors(self, row: PlannedStep) -> MirrorError | None:
+        """Copy the step's `mirrored()` paths under the prefix where missing (`executor.mirror`),
+        in the driver and before the step starts wherever it runs; the refusal, if any."""
+        from executor.mirror import ensure_mirrored, mirror_sources
+
+        sources = mirror_sources()
+        for mirror in row.step.mirrors:
+            try:
+                ensure_mirrored(
+                    row.name, mirror, sources, log=lambda line: print(f"{row.name}: {line}", flush=True)
+                )
+            except MirrorError as refused:
+                return refused
+            except OSError as failed:  # storage errors while listing or copying
+                return MirrorError(
+                    f"step {row.name!r}, field {mirror.field!r}: copying mirrored path "
+                    f"{mirror.relative_path!r} failed: {type(failed).__name__}: {failed}"
+                )
+        return None
 
     def _run_hosted(self, row: PlannedStep, dispatch: dict[str, Any]) -> tuple[Outcome, str]:
         """A heavy step in its own process, which takes the lease over and records the result

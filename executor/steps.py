@@ -272,3 +272,59 @@ def ensure_versioned(value: T | VersionedValue[T]) -> VersionedValue[T]:
 def unwrap_versioned_value(value: Any) -> Any:
     """The plain value of a possibly versioned value."""
     return value.value if isinstance(value, VersionedValue) else value
+
+
+DEFAULT_MIRROR_BUDGET_GB = 10.0
+"""Marin's default transfer budget for a mirrored path."""
+
+
+@dataclass(frozen=True)
+class MirroredValue(Generic[T]):
+    """A path under the prefix that the step reads, copied there from another storage
+    (`$MARIN_MIRROR_SOURCES`) when absent; see `mirrored` and `executor.mirror`."""
+
+    value: T | VersionedValue[T]
+    """The path relative to the prefix, or `versioned(...)` of it (then it is in the hash)."""
+
+    budget_gb: float = DEFAULT_MIRROR_BUDGET_GB
+    """Most gigabytes (10**9 bytes) one run may copy for it; never part of the version."""
+
+    @property
+    def relative_path(self) -> str:
+        return unwrap_versioned_value(self.value)
+
+
+def mirrored(
+    value: str | VersionedValue[str], budget_gb: float = DEFAULT_MIRROR_BUDGET_GB
+) -> MirroredValue[str]:
+    """Marin's `mirrored()`: a path relative to the prefix that is the same everywhere.
+
+    The step sees `<prefix>/<path>`. Before it runs, a path missing there (or a directory
+    missing some of its files) is copied from the first of `$MARIN_MIRROR_SOURCES` (other
+    prefixes: buckets in other regions, a colleague's tree, a local disk) that holds it, at
+    most `budget_gb` per run. Like Marin's, the version looks through it: the path is
+    hashed only when given as `versioned(...)`, and the budget never is.
+    """
+    path = unwrap_versioned_value(value)
+    if isinstance(value, (MirroredValue, InputName, ExecutorStep, OutputName)) or not isinstance(path, str):
+        raise ValueError(
+            f"mirrored() takes a path relative to the prefix (a str, or versioned(str)), got {value!r}"
+        )
+    parts = path.strip("/").split("/")
+    if path.startswith("/") or "://" in path or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(
+            f"mirrored({path!r}): give a path relative to the prefix, like 'raw/dclm', without a "
+            "scheme, a leading '/', or '.', '..' or empty parts"
+        )
+    if (
+        isinstance(budget_gb, bool)
+        or not isinstance(budget_gb, (int, float))
+        or not 0 < budget_gb < float("inf")
+    ):
+        raise ValueError(
+            f"mirrored({path!r}): budget_gb must be a positive number of gigabytes, got {budget_gb!r}"
+        )
+    clean = path.rstrip("/")
+    return MirroredValue(
+        VersionedValue(clean) if isinstance(value, VersionedValue) else clean, float(budget_gb)
+    )

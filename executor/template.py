@@ -18,6 +18,7 @@ Encoding (plain JSON, tagged objects for what JSON lacks):
     hard-coded input {"__hardcoded__": path, "name": sub}
     this step's path {"__output__": sub}
     versioned(v)     {"__versioned__": v}
+    mirrored(p, b)   {"__mirrored__": p, "budget_gb": b}   (p: a path, or {"__versioned__": path})
     anything else    {"__opaque__": "<type>", "repr": "..."}  (decoding refuses it)
 
 Decoding treats the record as untrusted input (anyone who can write the tree wrote
@@ -58,7 +59,7 @@ from types import FunctionType, ModuleType
 from typing import Any
 
 from executor.fingerprint import canonical_json
-from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
+from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue, mirrored
 
 
 class TemplateError(ValueError):
@@ -287,6 +288,11 @@ def encode_template(value: Any, output_path_of: Callable[[ExecutorStep], str], p
         return {"__output__": value.name}
     if isinstance(value, VersionedValue):
         return {"__versioned__": encode_template(value.value, output_path_of, path)}
+    if isinstance(value, MirroredValue):
+        return {
+            "__mirrored__": encode_template(value.value, output_path_of, path),
+            "budget_gb": value.budget_gb,
+        }
     if isinstance(value, enum.Enum):
         return {"__enum__": qualified_name(type(value)), "name": value.name}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -385,6 +391,12 @@ def _decode(record: Any, input_step: Callable[[str], ExecutorStep], path: str, p
         return OutputName(_expect(record["__output__"], (str, type(None)), path, "'__output__'"))
     if "__versioned__" in record:
         return VersionedValue(again(record["__versioned__"], path))
+    if "__mirrored__" in record:
+        inner = again(record["__mirrored__"], path)
+        try:  # mirrored() checks the path is relative to the prefix: the tree is untrusted
+            return mirrored(inner, _expect(record.get("budget_gb"), (int, float), path, "'budget_gb'"))
+        except ValueError as error:
+            raise TemplateError(f"{_at(path)}: {error}") from None
     if "__enum__" in record:
         kind = policy.enum_type(record["__enum__"], path)
         member = kind.__members__.get(_expect(record.get("name"), str, path, "'name'"))

@@ -453,39 +453,67 @@ def read_info(store: Store, output_path: str) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class LeaseRecord:
-    """Contents of `.executor_status.lock`."""
+    """Contents of `.executor_status.lock`: `{"timestamp": ..., "worker_id": ...}`, Marin's
+    `Lease` exactly, so Marin's executor reads our leases (its `Lease(**data)` refuses any
+    other key) and we read its. Who holds it (host and process) is in the worker id."""
 
     worker: str
-    heartbeat: float
-    """Unix time of the holder's last refresh."""
+    """The holder's worker id: `<host>:<pid>:<random>` (`executor.lease.new_worker_id`),
+    followed by `/step:<host>:<pid>:<random>` when a step's own process holds it."""
 
-    acquired: float
-    host: str = ""
-    pid: int = 0
+    heartbeat: float
+    """Unix time of the holder's last refresh (Marin's `timestamp`)."""
+
+    acquired: float | None = None
+    """When the holder took the lease: known only from leases written before the lease took
+    Marin's format (`{acquired, heartbeat, host, pid, worker}`), which are still read."""
+
+    @property
+    def host(self) -> str:
+        """The machine of the process holding the lease ("" when the id is not ours)."""
+        return self._holder()[0]
+
+    @property
+    def pid(self) -> int:
+        """Its process id (0 when the id is not ours)."""
+        return self._holder()[1]
+
+    def _holder(self) -> tuple[str, int]:
+        last = self.worker.rsplit("/", 1)[-1].removeprefix("step:")
+        parts = last.rsplit(":", 2)
+        if len(parts) == 3 and parts[1].isdecimal() and parts[0]:
+            return parts[0], int(parts[1])
+        return "", 0
 
     def to_bytes(self) -> bytes:
-        record = {  # not dataclasses.asdict: it deep-copies every field (~0.1 ms per lease write)
-            "acquired": self.acquired,
-            "heartbeat": self.heartbeat,
-            "host": self.host,
-            "pid": self.pid,
-            "worker": self.worker,
-        }
-        return dumps_sorted(record).encode("utf-8")
+        # Key-sorted, as `executor.lease_keeper.with_fresh_heartbeat` rewrites it.
+        return dumps_sorted({"timestamp": self.heartbeat, "worker_id": self.worker}).encode("utf-8")
 
     @staticmethod
     def parse(data: bytes | None) -> LeaseRecord | None:
+        """The lease in `data`, or None for no lease or one we cannot read (treated as expired)."""
         if not data:
             return None
         try:
             record = json.loads(data)
-            if isinstance(record, dict) and record.keys() == {"worker_id", "timestamp"}:
-                # Marin's lease (`{worker_id, timestamp}`, refreshed by its heartbeat): live
-                # for us too while its timestamp is fresh, so neither executor runs the step twice.
-                worker, stamp = record["worker_id"], record["timestamp"]
-                if type(worker) is str and type(stamp) in (int, float) and math.isfinite(stamp):
-                    return LeaseRecord(worker=worker, heartbeat=float(stamp), acquired=float(stamp))
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(record, dict):
+            return None
+        if record.keys() == {"worker_id", "timestamp"}:  # ours, and Marin's (refreshed every 30 s)
+            worker, stamp, acquired = record["worker_id"], record["timestamp"], None
+        elif record.keys() == {"acquired", "heartbeat", "host", "pid", "worker"}:  # ours, earlier
+            worker, stamp, acquired = record["worker"], record["heartbeat"], record["acquired"]
+            if not _finite_number(acquired):
                 return None
-            return LeaseRecord(**record)
-        except (ValueError, TypeError):
-            return None  # a lease we cannot read is treated like an expired one
+        else:
+            return None
+        if type(worker) is not str or not _finite_number(stamp):
+            return None
+        return LeaseRecord(
+            worker=worker, heartbeat=float(stamp), acquired=None if acquired is None else float(acquired)
+        )
+
+
+def _finite_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)

@@ -3,7 +3,7 @@
 Collecting a step's dependencies, computing its version, recording its config and
 filling in concrete paths are all the same walk: visit every dataclass field, list
 item and dict value, and hand each *marker* (an `InputName`, an `ExecutorStep` used
-as an input, an `OutputName` or a `VersionedValue`) to a callback that returns its
+as an input, an `OutputName`, a `VersionedValue` or a `MirroredValue`) to a callback that returns its
 replacement. Everything else is left as it is. Containers are rebuilt only where
 something inside them changed, so walking a config with no markers is cheap.
 
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from executor.fingerprint import MAX_DEPTH, short_path
-from executor.steps import ExecutorStep, InputName, OutputName, VersionedValue
+from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue
 
-MARKER_TYPES = (InputName, ExecutorStep, OutputName, VersionedValue)
+MARKER_TYPES = (InputName, ExecutorStep, OutputName, VersionedValue, MirroredValue)
 
 MarkerCallback = Callable[[Any, str, int], Any]
 """`(marker, field_path, depth) -> replacement`; `depth` counts the containers around the marker."""

@@ -72,9 +72,7 @@ def run_hosted(spec: HostedStep, fn: Any, config: Any) -> dict[str, Any]:
     path = lease_path(spec.output_path)
     worker = host_worker_id(spec.driver_worker)
     now = time.time()
-    mine = LeaseRecord(
-        worker=worker, heartbeat=now, acquired=now, host=os.uname().nodename, pid=os.getpid()
-    ).to_bytes()
+    mine = LeaseRecord(worker=worker, heartbeat=now).to_bytes()
     if not store.compare_and_swap(path, spec.lease_bytes, mine):
         return {"outcome": "not_started", "error": "another driver took the step over before it started here"}
     heartbeat = _start_heartbeat(spec, path, mine)

@@ -427,8 +427,12 @@ class App:
                 ("holder", f'<span class="mono">{esc(lease.worker)}</span>'),
                 ("host / pid", esc(f"{lease.host} / {lease.pid}")),
                 ("last heartbeat", esc(f"{time.time() - lease.heartbeat:.1f}s ago")),
-                ("acquired", esc(f"{time.time() - lease.acquired:.1f}s ago")),
             ]
+            + (
+                [("acquired", esc(f"{time.time() - lease.acquired:.1f}s ago"))]
+                if lease.acquired is not None
+                else []
+            )
         )
 
     def log_html(self, tree: _Tree, step: StepOutput) -> str:

@@ -230,7 +230,7 @@ def _plant_lease(tmp_path: Path, age: float) -> None:
         line.split("-> ", 1)[1] for line in result.stdout.splitlines() if "-> " in line and "/a-" in line
     )
     os.makedirs(output)
-    record = LeaseRecord(worker="elsewhere:1:dead", heartbeat=time.time() - age, acquired=time.time() - age)
+    record = LeaseRecord(worker="elsewhere:1:dead", heartbeat=time.time() - age)
     Path(output, ".executor_status.lock").write_bytes(record.to_bytes())
 
 

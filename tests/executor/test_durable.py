@@ -107,9 +107,7 @@ def test_a_step_process_that_loses_its_lease_is_killed_at_once(tmp_path):
         )
         step_pid = LeaseRecord.parse(lease_file.read_bytes()).pid
         # another driver takes the lease over (as after a long pause of this one)
-        stolen = LeaseRecord(
-            worker="other-driver", heartbeat=time.time() + 100, acquired=time.time()
-        ).to_bytes()
+        stolen = LeaseRecord(worker="other-driver", heartbeat=time.time() + 100).to_bytes()
         tmp = heavy_dir / "lock.tmp"
         tmp.write_bytes(stolen)
         os.replace(tmp, lease_file)

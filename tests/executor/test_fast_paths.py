@@ -164,7 +164,7 @@ def _manager(tmp_path) -> LeaseManager:
 
 
 def test_expect_absent_does_not_take_a_live_lease(tmp_path):
-    other = LeaseRecord(worker="other", heartbeat=time.time(), acquired=time.time())
+    other = LeaseRecord(worker="other", heartbeat=time.time())
     (tmp_path / ".executor_status.lock").write_bytes(other.to_bytes())
     manager = _manager(tmp_path)
     try:
@@ -177,7 +177,7 @@ def test_expect_absent_does_not_take_a_live_lease(tmp_path):
 
 
 def test_expect_absent_still_takes_over_a_stale_lease(tmp_path):
-    stale = LeaseRecord(worker="dead", heartbeat=time.time() - 3600, acquired=time.time() - 3600)
+    stale = LeaseRecord(worker="dead", heartbeat=time.time() - 3600)
     (tmp_path / ".executor_status.lock").write_bytes(stale.to_bytes())
     manager = _manager(tmp_path)
     try:
@@ -315,7 +315,7 @@ def test_the_plan_reads_neither_status_nor_lease_of_a_step_whose_directory_is_ab
     executor = Executor(str(tmp_path), console=False)
     plan = executor.run(steps, dry_run=True)
     crashed = plan.rows[1].output_path
-    old = LeaseRecord(worker="gone", heartbeat=time.time() - 3600, acquired=time.time() - 3600)
+    old = LeaseRecord(worker="gone", heartbeat=time.time() - 3600)
     executor.store.write_atomic(lease_path(crashed), old.to_bytes())
     reads = count_store_reads(monkeypatch)
     status_reads = count_status_reads(monkeypatch)

@@ -45,7 +45,7 @@ class Level(enum.IntEnum):
     HIGH = 3
 
 
-class Shape(str, enum.Enum):
+class Shape(str, enum.Enum):  # noqa: UP042 -- a str mixin on purpose, not a StrEnum
     """A str mixin whose `__str__` says something else: the value is what is encoded."""
 
     ROUND = "round"

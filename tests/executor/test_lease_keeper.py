@@ -197,7 +197,7 @@ def test_a_driver_paused_alone_keeps_its_lease_through_its_keeper(tmp_path):
 
 def lease(worker: str = "w") -> bytes:
     now = time.time()
-    return LeaseRecord(worker=worker, heartbeat=now, acquired=now, host="h", pid=1).to_bytes()
+    return LeaseRecord(worker=worker, heartbeat=now).to_bytes()
 
 
 def hold_a_lease(keeper: LeaseKeeper, root, interval: float, worker: str = "w"):
@@ -230,12 +230,7 @@ def test_the_keeper_refreshes_a_held_lease_keeping_who_holds_it(keeper_and_root)
     wait_for(lambda: store.read_bytes(path) != first, timeout=10)
     before, after = LeaseRecord.parse(first), LeaseRecord.parse(store.read_bytes(path))
     assert after.heartbeat > before.heartbeat
-    assert (after.worker, after.acquired, after.host, after.pid) == (
-        before.worker,
-        before.acquired,
-        before.host,
-        before.pid,
-    )
+    assert after.worker == before.worker
     assert json.loads(store.read_bytes(path)) == json.loads(after.to_bytes())
 
 

@@ -62,7 +62,7 @@ def test_heartbeats_keep_a_lease_alive_past_its_timeout(any_prefix, fast_leases)
 
 def test_a_stale_lease_is_taken_over(any_prefix, fast_leases):
     store = open_store(any_prefix)
-    stale = LeaseRecord(worker="dead", heartbeat=time.time() - 100, acquired=time.time() - 200)
+    stale = LeaseRecord(worker="dead", heartbeat=time.time() - 100)
     store.write_atomic(lease_path(f"{any_prefix}/s"), stale.to_bytes())
     manager = LeaseManager(store, fast_leases, "w2")
     try:
@@ -78,7 +78,7 @@ def test_release_removes_only_our_own_lease(any_prefix, fast_leases):
     manager = LeaseManager(store, fast_leases, "w1")
     manager.try_acquire(f"{any_prefix}/s")
     manager.close()  # no heartbeat thread: our last write stays the one try_acquire made
-    thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time()).to_bytes()
+    thief = LeaseRecord(worker="thief", heartbeat=time.time()).to_bytes()
     store.write_atomic(lease_path(f"{any_prefix}/s"), thief)
     # Once our last write is a heartbeat interval old, someone may have taken the lease over:
     # release then deletes it only if it still holds our bytes.
@@ -93,7 +93,7 @@ def test_a_taken_over_lease_is_reported_lost(any_prefix, fast_leases):
     manager = LeaseManager(store, fast_leases, "w1", on_lost=lost.append)
     try:
         manager.try_acquire(f"{any_prefix}/s")
-        thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time())
+        thief = LeaseRecord(worker="thief", heartbeat=time.time())
         store.write_atomic(lease_path(f"{any_prefix}/s"), thief.to_bytes())
         wait_for(lambda: lost == [f"{any_prefix}/s"])
         assert manager.was_lost(f"{any_prefix}/s") and not manager.holds(f"{any_prefix}/s")
@@ -234,7 +234,7 @@ def test_a_driver_that_loses_its_lease_stops_waiting_and_does_not_mark_success(t
     thread.start()
     assert started.wait(20)
     output = executor.plan.rows[0].output_path
-    thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600, acquired=time.time())
+    thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600)
     executor.store.write_atomic(lease_path(output), thief.to_bytes())
     thread.join(20)
     assert not thread.is_alive(), "the run kept waiting on a step whose lease it lost"
@@ -251,7 +251,7 @@ def test_a_lease_taken_over_between_heartbeats_is_caught_when_the_step_returns(t
     before SUCCESS can see the takeover: the step must end lease_lost, never SUCCESS."""
     slow_heartbeats = LeaseConfig(heartbeat_interval=600, timeout=1200, poll_interval=0.05)
     executor = Executor(str(tmp_path), console=False, lease_config=slow_heartbeats)
-    thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600, acquired=time.time())
+    thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600)
 
     def taken_over_while_running(config):
         executor.store.write_atomic(lease_path(config.output_path), thief.to_bytes())

@@ -128,7 +128,57 @@ def test_a_malformed_marin_lease_reads_as_no_lease(text):
 
 def test_marin_lease_fields_map_to_ours():
     record = LeaseRecord.parse(marin_lease("w-1", 1234.5).encode())
-    assert record == LeaseRecord(worker="w-1", heartbeat=1234.5, acquired=1234.5)
+    assert record == LeaseRecord(worker="w-1", heartbeat=1234.5)
+
+
+@dataclass
+class MarinLease:
+    """Marin's lease record and reader (rigging/filesystem/distributed_lock.py at 12b68263):
+    `Lease(**json.loads(data))`, stale once its timestamp is 90 s old."""
+
+    worker_id: str
+    timestamp: float
+
+    def is_stale(self, now: float) -> bool:
+        return now - self.timestamp > 90.0
+
+
+@dataclass(frozen=True)
+class LeaseSeen:
+    output_path: str
+    key: str = versioned("seen")
+
+
+def record_own_lease(config: LeaseSeen) -> None:
+    """A step that copies the lease file it runs under into its output."""
+    with open(lease_path(config.output_path), "rb") as handle:
+        seen = handle.read()
+    write(os.path.join(config.output_path, "lease_seen"), seen.decode())
+
+
+@pytest.mark.parametrize("keeper", [True, False], ids=["keeper-process", "thread"])
+def test_marins_reader_reads_the_lease_of_a_running_step(tmp_path, keeper):
+    """Marin's executor, looking at a step we run, sees a live lease (and so waits)."""
+    declared = ExecutorStep("ours/running", record_own_lease, LeaseSeen(output_path=this_output_path()))
+    leases = LeaseConfig(heartbeat_interval=0.05, timeout=90.0, poll_interval=0.05, heartbeat_process=keeper)
+    executor = Executor(str(tmp_path), console=False, lease_config=leases)
+    executor.run([declared])
+    with open(os.path.join(executor.output_paths[declared], "lease_seen")) as handle:
+        seen = json.load(handle)
+    lease = MarinLease(**seen)
+    assert not lease.is_stale(time.time())
+    assert LeaseRecord(worker=lease.worker_id, heartbeat=0).pid == os.getpid()
+
+
+def test_a_refreshed_lease_keeps_marins_form():
+    """The keeper (and a heavy step's heartbeat process) rewrite the lease from its bytes."""
+    from executor.lease_keeper import with_fresh_heartbeat
+
+    before = time.time()
+    refreshed = with_fresh_heartbeat(LeaseRecord(worker="h:1:ab", heartbeat=1.0).to_bytes())
+    lease = MarinLease(**json.loads(refreshed))
+    assert lease.worker_id == "h:1:ab" and lease.timestamp >= before
+    assert refreshed == LeaseRecord(worker="h:1:ab", heartbeat=lease.timestamp).to_bytes()
 
 
 # -- .executor_info: config as `dataclasses.asdict` gives it, dependencies as output paths ----------

@@ -9,6 +9,7 @@ the lease file itself.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -180,7 +181,7 @@ def test_worker_ids_name_host_and_pid_and_differ_per_driver():
     assert re.fullmatch("[0-9a-f]{8}", suffix)
 
 
-def test_a_new_lease_records_worker_host_pid_and_equal_acquired_and_heartbeat_times(root):
+def test_a_new_lease_is_marins_worker_id_and_timestamp(root):
     store = open_store(root)
     manager = LeaseManager(store, QUIET, "w1")
     before = time.time()
@@ -189,16 +190,15 @@ def test_a_new_lease_records_worker_host_pid_and_equal_acquired_and_heartbeat_ti
         after = time.time()
         assert result.acquired and result.holder is None  # nothing taken over
         record = read_lease(store, f"{root}/s")
+        assert json.loads(store.read_bytes(lease_path(f"{root}/s"))).keys() == {"worker_id", "timestamp"}
         assert record.worker == "w1"
-        assert record.host == os.uname().nodename and record.pid == os.getpid()
-        assert before <= record.acquired <= after
-        assert record.heartbeat == record.acquired
+        assert before <= record.heartbeat <= after
         assert manager.read(f"{root}/s") == record
     finally:
         manager.close()
 
 
-def test_a_refresh_moves_the_heartbeat_and_keeps_the_acquired_time(root):
+def test_a_refresh_moves_the_heartbeat_and_keeps_the_holder(root):
     store = open_store(root)
     manager = LeaseManager(store, QUIET, "w1")
     try:
@@ -207,9 +207,8 @@ def test_a_refresh_moves_the_heartbeat_and_keeps_the_acquired_time(root):
         time.sleep(0.01)
         assert manager.refresh(f"{root}/s") is True
         second = read_lease(store, f"{root}/s")
-        assert second.acquired == first.acquired
         assert second.heartbeat > first.heartbeat
-        assert second.worker == "w1" and second.host == first.host and second.pid == first.pid
+        assert second.worker == "w1"
         assert manager.holds(f"{root}/s") and not manager.was_lost(f"{root}/s")
     finally:
         manager.close()
@@ -231,7 +230,7 @@ def test_read_lease_of_an_absent_or_unreadable_lease_is_none(root):
 
 
 def test_staleness_is_strictly_older_than_the_timeout():
-    record = LeaseRecord(worker="w", heartbeat=1000.0, acquired=900.0)
+    record = LeaseRecord(worker="w", heartbeat=1000.0)
     assert lease_is_stale(None, 10.0, now=1000.0)
     assert not lease_is_stale(record, 10.0, now=1010.0)  # exactly `timeout` old: still held
     assert lease_is_stale(record, 10.0, now=1010.5)
@@ -239,17 +238,17 @@ def test_staleness_is_strictly_older_than_the_timeout():
 
 
 def test_staleness_without_now_uses_the_clock():
-    assert not lease_is_stale(LeaseRecord(worker="w", heartbeat=time.time(), acquired=0.0), 10.0)
-    assert lease_is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 11, acquired=0.0), 10.0)
+    assert not lease_is_stale(LeaseRecord(worker="w", heartbeat=time.time()), 10.0)
+    assert lease_is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 11), 10.0)
 
 
 def test_the_manager_judges_staleness_by_its_configured_timeout_at_the_given_time(root):
     manager = LeaseManager(open_store(root), QUIET, "w1")  # timeout 10 s
-    record = LeaseRecord(worker="w", heartbeat=1000.0, acquired=0.0)
+    record = LeaseRecord(worker="w", heartbeat=1000.0)
     assert not manager.is_stale(record, now=1009.0)  # (by the clock it is decades old)
     assert manager.is_stale(record, now=1011.0)
-    assert manager.is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 11, acquired=0.0))
-    assert not manager.is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 9, acquired=0.0))
+    assert manager.is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 11))
+    assert not manager.is_stale(LeaseRecord(worker="w", heartbeat=time.time() - 9))
     assert manager.is_stale(None)
 
 
@@ -271,14 +270,15 @@ def test_an_unreadable_lease_file_is_taken_over(root):
 
 def test_taking_over_a_stale_lease_logs_who_held_it(root, caplog):
     store = open_store(root)
-    stale = LeaseRecord(worker="dead-driver", heartbeat=time.time() - 100, acquired=time.time() - 200)
+    stale = LeaseRecord(worker="dead-driver", heartbeat=time.time() - 100)
     store.write_atomic(lease_path(f"{root}/s"), stale.to_bytes())
     manager = LeaseManager(store, QUIET, "w1")
     try:
         with caplog.at_level(logging.WARNING, logger="executor.lease"):
             result = manager.try_acquire(f"{root}/s")
         assert result.acquired and result.holder == stale
-        assert read_lease(store, f"{root}/s").acquired > stale.acquired  # a fresh lease, ours
+        fresh = read_lease(store, f"{root}/s")
+        assert fresh.worker == "w1" and fresh.heartbeat > stale.heartbeat  # a fresh lease, ours
         messages = [r.getMessage() for r in caplog.records if r.name == "executor.lease"]
         assert len(messages) == 1
         assert re.fullmatch(
@@ -319,7 +319,7 @@ def test_a_driver_that_keeps_losing_the_swap_gives_up_and_names_the_current_hold
     # Another driver changes the file between every read and swap: try_acquire must stop
     # after a few tries (not spin forever) and report whoever holds the lease then.
     store = open_store(root)
-    current = LeaseRecord(worker="busy", heartbeat=time.time() - 100, acquired=time.time() - 100)
+    current = LeaseRecord(worker="busy", heartbeat=time.time() - 100)
     store.write_atomic(lease_path(f"{root}/s"), current.to_bytes())
     swaps = []
     real_swap = store.compare_and_swap
@@ -346,7 +346,7 @@ def test_a_lease_lost_then_acquired_again_is_no_longer_lost(root):
     manager = LeaseManager(store, QUIET, "w1", on_lost=lost.append)
     try:
         manager.try_acquire(f"{root}/s")
-        thief = LeaseRecord(worker="thief", heartbeat=time.time() - 100, acquired=time.time() - 100)
+        thief = LeaseRecord(worker="thief", heartbeat=time.time() - 100)
         store.write_atomic(lease_path(f"{root}/s"), thief.to_bytes())
         assert manager.refresh(f"{root}/s") is False
         assert lost == [f"{root}/s"] and manager.was_lost(f"{root}/s") and not manager.holds(f"{root}/s")
@@ -415,7 +415,7 @@ def test_confirming_a_lease_older_than_the_heartbeat_rewrites_it_first(root):
     time.sleep(0.06)
     assert manager.confirm(f"{root}/s") is True
     after = read_lease(store, f"{root}/s")
-    assert after.heartbeat > before.heartbeat and after.acquired == before.acquired
+    assert after.heartbeat > before.heartbeat and after.worker == before.worker
     # ... and that rewrite counts as the last write: an immediate second confirm only reads.
     assert manager.confirm(f"{root}/s") is True
     assert read_lease(store, f"{root}/s") == after
@@ -427,7 +427,7 @@ def test_confirm_finds_a_lease_taken_over_and_reports_it_lost_once(root):
     manager = LeaseManager(store, QUIET, "w1", on_lost=lost.append)
     try:
         manager.try_acquire(f"{root}/s")
-        thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time()).to_bytes()
+        thief = LeaseRecord(worker="thief", heartbeat=time.time()).to_bytes()
         store.write_atomic(lease_path(f"{root}/s"), thief)
         age(manager, f"{root}/s", QUIET.heartbeat_interval)
         assert manager.confirm(f"{root}/s") is False
@@ -452,7 +452,7 @@ def test_losing_a_lease_logs_an_error_naming_it(root, caplog):
     manager = LeaseManager(store, QUIET, "w1")
     try:
         manager.try_acquire(f"{root}/s")
-        thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time()).to_bytes()
+        thief = LeaseRecord(worker="thief", heartbeat=time.time()).to_bytes()
         store.write_atomic(lease_path(f"{root}/s"), thief)
         age(manager, f"{root}/s", QUIET.heartbeat_interval)
         with caplog.at_level(logging.ERROR, logger="executor.lease"):
@@ -521,7 +521,7 @@ def test_releasing_a_lease_taken_over_warns_and_leaves_the_new_holders_lease(roo
     manager = LeaseManager(store, QUIET, "w1")
     try:
         manager.try_acquire(f"{root}/s")
-        thief = LeaseRecord(worker="thief", heartbeat=time.time(), acquired=time.time()).to_bytes()
+        thief = LeaseRecord(worker="thief", heartbeat=time.time()).to_bytes()
         store.write_atomic(lease_path(f"{root}/s"), thief)
         age(manager, f"{root}/s", QUIET.heartbeat_interval)
         with caplog.at_level(logging.WARNING, logger="executor.lease"):
@@ -536,7 +536,7 @@ def test_releasing_a_lease_taken_over_warns_and_leaves_the_new_holders_lease(roo
 
 def test_releasing_a_lease_never_held_touches_nothing(root, caplog):
     store = open_store(root)
-    other = LeaseRecord(worker="other", heartbeat=time.time(), acquired=time.time()).to_bytes()
+    other = LeaseRecord(worker="other", heartbeat=time.time()).to_bytes()
     store.write_atomic(lease_path(f"{root}/s"), other)
     manager = LeaseManager(store, QUIET, "w1")
     with caplog.at_level(logging.WARNING, logger="executor.lease"):

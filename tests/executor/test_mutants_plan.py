@@ -44,8 +44,8 @@ def set_status(prefix, declared, status, message=None):
     append_status(open_store(prefix), path_of(prefix, declared), status, message, "other:1:x")
 
 
-def put_lease(prefix, declared, heartbeat, acquired, worker="host:9:w"):
-    record = LeaseRecord(worker=worker, heartbeat=heartbeat, acquired=acquired)
+def put_lease(prefix, declared, heartbeat, worker="host:9:w"):
+    record = LeaseRecord(worker=worker, heartbeat=heartbeat)
     open_store(prefix).write_atomic(lease_path(path_of(prefix, declared)), record.to_bytes())
     return record
 
@@ -84,16 +84,18 @@ def test_a_failed_step_without_force_run_failed_is_an_error_naming_its_log_and_t
 
 
 @pytest.mark.parametrize("status", [None, Status.RUNNING])
-def test_a_live_lease_makes_a_wait_row_naming_holder_and_start(tmp_path, status):
+def test_a_live_lease_makes_a_wait_row_naming_holder_and_heartbeat(tmp_path, status):
     prefix = str(tmp_path)
     a = step("a", 1)
     if status is not None:
         set_status(prefix, a, status)
     now = time.time()
-    record = put_lease(prefix, a, heartbeat=now - 1, acquired=now - 100)
+    record = put_lease(prefix, a, heartbeat=now - 1)
     (row,) = dry_run(prefix, [a]).rows
     assert row.action == Action.WAIT and row.status == status and row.lease == record
-    assert row.reason == f"running elsewhere: held by host:9:w since {utc_now_iso(record.acquired)}"
+    assert (
+        row.reason == f"running elsewhere: held by host:9:w, last heartbeat {utc_now_iso(record.heartbeat)}"
+    )
 
 
 def test_a_stale_lease_makes_a_run_row_naming_holder_and_last_heartbeat(tmp_path):
@@ -101,7 +103,7 @@ def test_a_stale_lease_makes_a_run_row_naming_holder_and_last_heartbeat(tmp_path
     a = step("a", 1)
     set_status(prefix, a, Status.RUNNING)
     now = time.time()
-    record = put_lease(prefix, a, heartbeat=now - QUIET.timeout - 5, acquired=now - 500)
+    record = put_lease(prefix, a, heartbeat=now - QUIET.timeout - 5)
     (row,) = dry_run(prefix, [a]).rows
     assert row.action == Action.RUN and row.status == Status.RUNNING and row.lease == record
     assert row.reason == (
@@ -113,7 +115,7 @@ def test_a_lease_is_judged_by_the_leases_timeout_at_plan_time(tmp_path):
     prefix = str(tmp_path)
     a = step("a", 1)
     now = time.time()
-    put_lease(prefix, a, heartbeat=now - QUIET.timeout + 5, acquired=now - 500)  # 55 s old of 60
+    put_lease(prefix, a, heartbeat=now - QUIET.timeout + 5)  # 55 s old of 60
     (row,) = dry_run(prefix, [a]).rows
     assert row.action == Action.WAIT
 
@@ -122,7 +124,7 @@ def test_a_succeeded_step_ignores_any_lease(tmp_path):
     prefix = str(tmp_path)
     a = step("a", 1)
     Executor(prefix, console=False).run([a])
-    put_lease(prefix, a, heartbeat=time.time(), acquired=time.time())
+    put_lease(prefix, a, heartbeat=time.time())
     (row,) = dry_run(prefix, [a]).rows
     assert (row.action, row.reason, row.status, row.lease) == (
         Action.SKIP,
@@ -139,7 +141,7 @@ def test_a_step_after_a_waiting_dependency_is_blocked_naming_it(tmp_path):
     prefix = str(tmp_path)
     a = step("a", 1)
     b = step("b", 2, inputs=[output_path_of(a)])
-    put_lease(prefix, a, heartbeat=time.time(), acquired=time.time())
+    put_lease(prefix, a, heartbeat=time.time())
     rows = dry_run(prefix, [b]).rows
     assert [(r.name, r.action) for r in rows] == [("a", Action.WAIT), ("b", Action.BLOCKED)]
     assert rows[1].reason == "no output yet; after dependency a runs elsewhere"
@@ -197,7 +199,7 @@ def test_a_step_that_waits_itself_is_not_also_blocked(tmp_path):
     prefix = str(tmp_path)
     a = step("a", 1)
     b = step("b", 2, inputs=[output_path_of(a)])
-    put_lease(prefix, b, heartbeat=time.time(), acquired=time.time())
+    put_lease(prefix, b, heartbeat=time.time())
     rows = dry_run(prefix, [b]).rows
     assert [r.action for r in rows] == [Action.RUN, Action.WAIT]
 

@@ -475,7 +475,7 @@ def test_a_lost_lease_is_reported_with_its_kind_and_message(tmp_path):
     try:
         assert started.wait(20)
         path = executor.plan.rows[0].output_path
-        thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600, acquired=time.time())
+        thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600)
         executor.store.write_atomic(lease_path(path), thief.to_bytes())
         thread.join(20)
     finally:
@@ -517,7 +517,7 @@ def test_workers_freed_together_are_all_reused(tmp_path):
 def test_a_lease_lost_while_the_step_ran_is_reported_with_the_step_and_why(tmp_path, monkeypatch):
     slow_heartbeats = LeaseConfig(heartbeat_interval=600, timeout=1200, poll_interval=0.05)
     executor = Executor(str(tmp_path), console=False, lease_config=slow_heartbeats)
-    thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600, acquired=time.time())
+    thief = LeaseRecord(worker="thief", heartbeat=time.time() + 3600)
     monkeypatch.setattr(LeaseManager, "_young", lambda self, written: False)  # a step past a heartbeat
 
     def taken_over_while_running(config):

@@ -497,15 +497,47 @@ def test_resources_that_are_not_json_are_recorded_as_text(tmp_path):
 # -- leases --------------------------------------------------------------------------------------
 
 
-def test_a_lease_record_is_sorted_json_with_every_field():
-    record = LeaseRecord(worker="w", heartbeat=2.5, acquired=1.0, host="h", pid=7)
-    assert record.to_bytes() == (b'{"acquired": 1.0, "heartbeat": 2.5, "host": "h", "pid": 7, "worker": "w"}')
+def test_a_lease_record_is_marins_lease_as_sorted_json():
+    record = LeaseRecord(worker="h:7:ab", heartbeat=2.5)
+    assert record.to_bytes() == b'{"timestamp": 2.5, "worker_id": "h:7:ab"}'
     assert LeaseRecord.parse(record.to_bytes()) == record
+    assert (record.host, record.pid, record.acquired) == ("h", 7, None)
 
 
-def test_a_lease_record_defaults_to_no_host_and_pid_0():
-    record = LeaseRecord.parse(b'{"worker": "w", "heartbeat": 1, "acquired": 0}')
-    assert record == LeaseRecord(worker="w", heartbeat=1, acquired=0, host="", pid=0)
+@pytest.mark.parametrize(
+    ("worker", "host", "pid"),
+    [
+        ("node-1:42:9f3a", "node-1", 42),
+        ("node-1:42:9f3a/step:node-2:77:0b1c", "node-2", 77),  # a heavy step's own process holds it
+        ("marin-host-140234", "", 0),  # Marin's worker ids say nothing we can parse
+        (":42:9f3a", "", 0),
+        ("h:4x:9f3a", "", 0),
+    ],
+)
+def test_the_holder_host_and_pid_come_from_the_worker_id(worker, host, pid):
+    record = LeaseRecord(worker=worker, heartbeat=1.0)
+    assert (record.host, record.pid) == (host, pid)
+
+
+def test_a_lease_written_before_the_marin_form_is_still_read():
+    record = LeaseRecord.parse(
+        b'{"acquired": 1.0, "heartbeat": 2.5, "host": "h", "pid": 7, "worker": "h:7:ab"}'
+    )
+    assert record == LeaseRecord(worker="h:7:ab", heartbeat=2.5, acquired=1.0)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"acquired": "then", "heartbeat": 2.5, "host": "h", "pid": 7, "worker": "w"}',
+        b'{"acquired": 1.0, "heartbeat": 2.5, "host": "h", "pid": 7, "worker": 3}',
+        b'{"acquired": 1.0, "heartbeat": 2.5, "worker": "w"}',
+        b'{"timestamp": 2.5, "worker_id": "w", "extra": 1}',
+        b'{"timestamp": true, "worker_id": "w"}',
+    ],
+)
+def test_a_malformed_lease_of_either_form_reads_as_none(data):
+    assert LeaseRecord.parse(data) is None
 
 
 @pytest.mark.parametrize("data", [None, b"", b"not json", b"[1]", b'{"worker": "w"}', b'{"x": 1}'])

@@ -328,7 +328,7 @@ def test_console_lines_count_done_running_and_left():
     console(StepStarted("a", "/p/a", log_path="/p/a/.executor_log"))
     console(StepStarted("b", "/p/b", log_path="/p/b/.executor_log"))
     console(StepSucceeded("a", "/p/a", duration=1.25))
-    console(StepWaiting("c", "/p/c", holder="host:1:abc", since=1700000000.5))
+    console(StepWaiting("c", "/p/c", holder="host:1:abc", heartbeat=1700000000.5))
     console(StepFailed("b", "/p/b", kind="error", error="boom", log_path="/p/b/.executor_log"))
     console(StepSkipped("c", "/p/c", reason="finished by another driver"))
     console(StepFailed("d", "/p/d", kind="dep_failed", error="dependency b failed"))
@@ -337,7 +337,7 @@ def test_console_lines_count_done_running_and_left():
         "[0/4 done, 1 running, 3 left] start  a  (log: /p/a/.executor_log)",
         "[0/4 done, 2 running, 2 left] start  b  (log: /p/b/.executor_log)",
         "[1/4 done, 1 running, 2 left] ok     a  1.2s",
-        "[1/4 done, 1 running, 2 left] wait   c  held by host:1:abc since 2023-11-14T22:13:20.500Z",
+        "[1/4 done, 1 running, 2 left] wait   c  held by host:1:abc, last heartbeat 2023-11-14T22:13:20.500Z",
         "[2/4 done, 0 running, 2 left] FAIL   b  [error] boom  (log: /p/b/.executor_log)",
         "[3/4 done, 0 running, 1 left] skip   c  (finished by another driver)",
         "[4/4 done, 0 running, 0 left] FAIL   d  [dep_failed] dependency b failed",
@@ -1165,7 +1165,7 @@ def test_a_waiting_driver_reports_what_the_holder_did(tmp_path, outcome):
         holder.close()
     assert CALLS == {}
     assert [row.action.value for row in run.plan.rows] == ["wait"]
-    assert run.plan.rows[0].reason.startswith("running elsewhere: held by other-host:1:abc since ")
+    assert run.plan.rows[0].reason.startswith("running elsewhere: held by other-host:1:abc, last heartbeat ")
 
 
 # -- the Executor facade ---------------------------------------------------------------------

@@ -94,19 +94,19 @@ def test_identical_reuse_is_not_flagged(tmp_path):
 def test_a_step_held_by_a_live_driver_is_planned_as_wait(tmp_path):
     a = step("a", 1)
     output = plan_of(str(tmp_path), [a]).rows[0].output_path
-    holder = LeaseRecord(worker="host:42:abc", heartbeat=time.time(), acquired=time.time() - 5)
+    holder = LeaseRecord(worker="host:42:abc", heartbeat=time.time())
     Executor(str(tmp_path), console=False).store.write_atomic(lease_path(output), holder.to_bytes())
     b = step("b", 2, inputs=[output_path_of(a)])
     plan = plan_of(str(tmp_path), [b])
     assert plan.rows[0].action == Action.WAIT
-    assert "running elsewhere: held by host:42:abc since" in plan.rows[0].reason
+    assert "running elsewhere: held by host:42:abc, last heartbeat" in plan.rows[0].reason
     assert plan.rows[1].action == Action.BLOCKED and "a runs elsewhere" in plan.rows[1].reason
 
 
 def test_a_step_with_a_stale_lease_is_planned_as_a_takeover(tmp_path):
     a = step("a", 1)
     output = plan_of(str(tmp_path), [a]).rows[0].output_path
-    dead = LeaseRecord(worker="host:7:dead", heartbeat=time.time() - 3600, acquired=time.time() - 7200)
+    dead = LeaseRecord(worker="host:7:dead", heartbeat=time.time() - 3600)
     Executor(str(tmp_path), console=False).store.write_atomic(lease_path(output), dead.to_bytes())
     row = plan_of(str(tmp_path), [a]).rows[0]
     assert row.action == Action.RUN and row.reason.startswith("stale lease of host:7:dead")

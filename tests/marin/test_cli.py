@@ -286,7 +286,7 @@ def test_gc_lists_then_deletes_only_garbage(capsys, tree_prefix):
     for path in (abandoned, running):
         append_status(store, path, Status.RUNNING, worker="gone")
     now = time.time()
-    store.write_atomic(lease_path(running), LeaseRecord("w", heartbeat=now, acquired=now).to_bytes())
+    store.write_atomic(lease_path(running), LeaseRecord("w", heartbeat=now).to_bytes())
     # Outputs of an experiment whose manifest was deleted are unreferenced.
     Executor(tree_prefix, lease_config=FAST_LEASES, console=False).run(sample_tree.note_steps("orphan"))
     orphan_manifests = [
