@@ -31,6 +31,7 @@ the machine that runs it; building or dry-running a script fetches nothing.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -425,6 +426,24 @@ TRAIN_FIELDS_THAT_MATTER = (
 export cadence are not: they change what is logged or saved along the way, not the model;
 nor are `resources` (the same run on other hardware is the same model)."""
 
+TRAIN_FIELDS_VERSIONED_WHEN_SET = (
+    "beta1",
+    "beta2",
+    "epsilon",
+    "max_grad_norm",
+    "decay",
+    "rewarmup",
+    "cycle_length",
+    "skip_bad_steps",
+    "z_loss_weight",
+    "initialize_from_checkpoint_path",
+    "initialize_from_hf",
+)
+"""SimpleTrainConfig fields that change the trained model too, but are versioned only when set:
+None (Levanter's default) leaves the field out of the version, so the steps declared before
+these fields existed keep their output paths. A step or `output_path_of(...)` given as an
+initial checkpoint is an input of the training step (its version is part of this one's)."""
+
 DEFAULT_TRAINING_RESOURCES: dict[str, Any] = {"accelerator": "any"}
 """The resources of training and evaluation steps whose SimpleTrainConfig sets none: any
 accelerator the driver has (the local runner reads only whether a step declares resources)."""
@@ -458,14 +477,19 @@ def default_train(
     `marin.models.SimpleTrainConfig` (Marin's fields) or the `TrainSettings` it converts to.
     The tokenizer is the one the tokenized step used (a Hub id is fetched when training
     runs), else `tokenizer`. The model shape and the hyperparameters that change the model
-    are versioned, as in Marin; `train_config.resources` (default: any accelerator) are the
-    step's and not versioned.
+    are versioned, as in Marin: those of TRAIN_FIELDS_THAT_MATTER always; Adam's betas,
+    epsilon and clipping, the schedule's decay, rewarmup and cycles, skip_bad_steps, the
+    z-loss and the initial checkpoint (TRAIN_FIELDS_VERSIONED_WHEN_SET) only when set, so
+    leaving them unset keeps the output path a step had before they existed.
+    `train_config.resources` (default: any accelerator) are the step's and not versioned.
 
-    Marin's other arguments: `use_default_validation` adds nothing here (there are no
-    default validation sets yet; the tokenized step's validation split is evaluated during
-    training); `eval_harness_tasks` must be empty (run harness tasks after training, with
-    operations.eval); `tags`, `wandb_name` and `wandb_group` are not passed to W&B yet (the
-    W&B run is named after the output path) -- the tags are shown in the step's description.
+    `tags`, `wandb_name` and `wandb_group` label the W&B run (as in Marin; the tags also show
+    in the step's description) and are not versioned: `wandb_name` None names the run after
+    its id (a hash of the output path, which is also how a resumed run finds its W&B run),
+    `wandb_group` None takes `$WANDB_GROUP` as Marin does, else no group. Marin's other
+    arguments: `use_default_validation` adds nothing here (there are no default validation
+    sets yet; the tokenized step's validation split is evaluated during training);
+    `eval_harness_tasks` must be empty (run harness tasks after training, with operations.eval).
     """
     from dataclasses import replace
 
@@ -477,6 +501,8 @@ def default_train(
             f"default_train({name!r}): eval_harness_tasks during training are not supported; pass "
             "eval_harness_tasks=() and evaluate the checkpoint with operations.eval (harness_tasks)"
         )
+    if isinstance(tags, str):
+        raise ValueError(f"default_train({name!r}): tags={tags!r} is a string; pass a list of tags")
     if not isinstance(tokenized, ExecutorStep | InputName):
         raise ValueError(
             f"default_train({name!r}): tokenized must be a default_tokenize step (or an InputName of "
@@ -495,9 +521,12 @@ def default_train(
     settings = (
         train_config.to_train_settings() if hasattr(train_config, "to_train_settings") else train_config
     )
-    versioned_train = replace(
-        settings, **{field: versioned(getattr(settings, field)) for field in TRAIN_FIELDS_THAT_MATTER}
-    )
+    versions = {field: versioned(getattr(settings, field)) for field in TRAIN_FIELDS_THAT_MATTER}
+    for field in TRAIN_FIELDS_VERSIONED_WHEN_SET:
+        value = getattr(settings, field)
+        if value is not None:
+            versions[field] = value if isinstance(value, ExecutorStep | InputName) else versioned(value)
+    versioned_train = replace(settings, **versions)
     hub = is_hub_id(tokenizer_value)
     tagged = f" [{', '.join(tags)}]" if tags else ""
     return ExecutorStep(
@@ -510,6 +539,9 @@ def default_train(
             train=versioned_train,
             output_path=this_output_path(),
             tracker=tracker,
+            wandb_name=wandb_name,
+            wandb_group=wandb_group if wandb_group is not None else os.environ.get("WANDB_GROUP"),
+            wandb_tags=tuple(tags),
         ),
         description=f"Train {name} for {settings.num_train_steps} steps{tagged}",
         resources=_resources(settings),

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from operations import train as _train
+from operations.hub import is_hub_id
 
 if TYPE_CHECKING:
     from levanter.models.llama import LlamaConfig
@@ -255,25 +256,64 @@ class SimpleTrainConfig:
     per_device_eval_parallelism: int | None = None
     """Accepted for Marin scripts; not used."""
 
-    # Marin fields that training here does not implement: only their defaults are accepted.
+    # Adam, the schedule and the loss: None (skip_bad_steps: False) is Levanter's default, and
+    # such a field stays out of the step's version.
     beta1: float | None = None
+    """Adam's first-moment decay; None: Levanter's (0.9)."""
+
     beta2: float | None = None
+    """Adam's second-moment decay; None: Levanter's (0.95)."""
+
     epsilon: float | None = None
+    """Adam's epsilon; None: Levanter's (1e-8)."""
+
     max_grad_norm: float | None = None
+    """Clip the gradient to this global norm, 0: no clipping; None: Levanter's (1.0)."""
+
     decay: float | None = None
+    """Decay phase of each cycle (a fraction of it if <= 1, else steps), the peak rate held
+    between warm-up and decay; None: decay over everything after warm-up."""
+
     rewarmup: float | None = None
+    """Warm-up of every cycle after the first (a fraction of it if <= 1, else steps); None: 0."""
+
     cycle_length: int | list[int] | None = None
+    """Restart the schedule every this many steps, or after each of these step counts; None: one cycle."""
+
     z_loss_weight: float | None = None
-    ema_beta: float | None = None
-    skip_bad_steps: bool = False
-    steps_per_task_eval: int | None = None
-    initialize_from_checkpoint_path: str | None = None
-    initialize_from_hf: str | None = None
+    """Weight of the z-loss added to the training loss; None: 0."""
+
+    skip_bad_steps: bool | int = False
+    """Skip updates whose loss or gradient norm is far above the recent ones (True, or the
+    length of the history compared with)."""
+
+    # Starting from another run.
+    initialize_from_checkpoint_path: str | Any | None = None
+    """A Levanter checkpoint (`<run>/checkpoints/step-N`, a path or `output_path_of(step, ...)`)
+    to continue from: its weights, optimizer state and step (num_train_steps counts from the
+    start of that run). See operations.train.SimpleTrainConfig."""
+
     reset_data_loader_on_init: bool = True
+    """Only True is supported: Levanter's `initialize_from_checkpoint_path` (False would be its
+    trainer's `initialize_from`)."""
+
+    initialize_from_hf: str | Any | None = None
+    """A Hugging Face checkpoint directory (local, s3:// or gs://, or `output_path_of(step,
+    "hf/step-N")`) to take the weights from; its config must describe the model. Hub ids are
+    refused: they are not fetched here."""
+
     allow_partial_checkpoint: bool = False
+    """Accepted for Marin scripts; not used."""
+
+    watch: Any = None
+    """Accepted for Marin scripts; not used."""
+
+    # Marin fields that training here does not implement: only their defaults are accepted
+    # (UNSUPPORTED says why).
+    ema_beta: float | None = None
+    steps_per_task_eval: int | None = None
     int8: bool = False
     optimizer_config: Any = None
-    watch: Any = None
 
     # This project's own settings (not in Marin's SimpleTrainConfig).
     seed: int = 0
@@ -292,24 +332,13 @@ class SimpleTrainConfig:
     seq_len: int | None = None
     """The same as `train_seq_len` (this project's older name; give one)."""
 
-    UNSUPPORTED = (
-        "beta1",
-        "beta2",
-        "epsilon",
-        "max_grad_norm",
-        "decay",
-        "rewarmup",
-        "cycle_length",
-        "z_loss_weight",
-        "ema_beta",
-        "skip_bad_steps",
-        "steps_per_task_eval",
-        "initialize_from_checkpoint_path",
-        "initialize_from_hf",
-        "int8",
-        "optimizer_config",
-    )
-    """Marin fields whose non-default values `to_train_settings` refuses."""
+    UNSUPPORTED = ("ema_beta", "steps_per_task_eval", "int8", "optimizer_config")
+    """Marin fields whose non-default values `to_train_settings` refuses: `ema_beta` (Levanter
+    would export and evaluate the average, but the re-export and operations.eval read a
+    checkpoint's raw weights), `steps_per_task_eval` (no harness tasks during training: see
+    `default_train`), `int8` (the checkpoints would not load into the plain model that the
+    export and evaluation build) and `optimizer_config` (a Levanter object, not the plain
+    values a step's config holds and versions)."""
 
     def to_train_settings(self) -> _train.SimpleTrainConfig:
         """The operations.train.SimpleTrainConfig this stands for (ValueError for what cannot be honoured)."""
@@ -320,6 +349,16 @@ class SimpleTrainConfig:
                 f"SimpleTrainConfig: {', '.join(f'{name}={getattr(self, name)!r}' for name in unsupported)}: "
                 "not supported by training here yet (see docs/coming_from_marin.md); leave "
                 f"{'it' if len(unsupported) == 1 else 'them'} unset"
+            )
+        if self.initialize_from_checkpoint_path is not None and not self.reset_data_loader_on_init:
+            raise ValueError(
+                "SimpleTrainConfig: reset_data_loader_on_init=False is not supported (Levanter's "
+                "trainer.initialize_from); leave it True"
+            )
+        if is_hub_id(self.initialize_from_hf):
+            raise ValueError(
+                f"SimpleTrainConfig: initialize_from_hf={self.initialize_from_hf!r} is a Hub id, and Hub "
+                "models are not fetched here; download it and pass its directory (local, s3:// or gs://)"
             )
         seed = _one_of("data_seed", self.data_seed, "seed", self.seed if self.seed != 0 else None)
         seq_len = _one_of("train_seq_len", self.train_seq_len, "seq_len", self.seq_len)
@@ -349,7 +388,22 @@ class SimpleTrainConfig:
             epochs=self.epochs,
             seed=_or(seed, base.seed),
             resources=self.resources,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            epsilon=self.epsilon,
+            max_grad_norm=self.max_grad_norm,
+            decay=self.decay,
+            rewarmup=self.rewarmup,
+            cycle_length=_tuple_if_list(self.cycle_length),  # the settings are frozen
+            skip_bad_steps=self.skip_bad_steps or None,  # False (Marin's default): Levanter's, unversioned
+            z_loss_weight=self.z_loss_weight,
+            initialize_from_checkpoint_path=self.initialize_from_checkpoint_path,
+            initialize_from_hf=self.initialize_from_hf,
         )
+
+
+def _tuple_if_list(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _or(value: Any, default: Any) -> Any:

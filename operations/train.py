@@ -30,7 +30,9 @@ Levanter raises when asked to train a finished run, so a re-run after success se
 final checkpoint and returns (first exporting that checkpoint to hf/ and writing stats.json
 if a kill came between the final checkpoint and those). Levanter also stops early, without
 a final checkpoint, when the data runs out: `train` refuses such a config up front (see
-`SimpleTrainConfig.epochs`).
+`SimpleTrainConfig.epochs`). A run with no checkpoint of its own may start from another run's
+state (`SimpleTrainConfig.initialize_from_checkpoint_path`: weights, optimizer state and step)
+or weights (`initialize_from_hf`: a Hugging Face export).
 
 Buckets: the output (and the tokenized data and tokenizer) may be on `s3://` or `gs://`,
 configured by the standard variables only (see `operations.buckets`, which also fixes JAX's
@@ -45,8 +47,10 @@ bucket is read through a temporary local copy removed when the step ends.
 Tracking: W&B in offline mode (`tracker="wandb"`, files under `<output_path>/wandb`), or
 "json" (Levanter's JSON-lines logger) or "none"; metrics.jsonl is written in every case.
 The run id is `<output dir name>-<hash of the output path>`, so a resumed run continues the
-same W&B run. (Levanter calls wandb.init twice per run -- once in `levanter.initialize`, once
-in the Trainer -- so each attempt leaves two offline-run folders with the same run id.)
+same W&B run; it is also the run's W&B display name unless `TrainConfig.wandb_name` gives
+one (`wandb_group` and `wandb_tags` label the W&B run too; the JSON logger has no labels).
+(Levanter calls wandb.init twice per run -- once in `levanter.initialize`, once in the
+Trainer -- so each attempt leaves two offline-run folders with the same run id.)
 
 Devices: before training starts, `train` logs at WARNING level which devices JAX uses
 (backend, kind, count, memory) and records them in stats.json. On a machine with an NVIDIA
@@ -110,6 +114,35 @@ LR_SCHEDULES = ("cosine", "linear", "constant", "inv_sqrt")
 ATTENTION_BACKENDS = (None, "default", "nvte", "splash", "jax_flash", "vanilla")
 # Haliax's ScanCheckpointPolicy.from_bool_or_str choices.
 GRADIENT_CHECKPOINTING = (True, False, "offload", "recompute", "full", "save_all", "nested")
+# SimpleTrainConfig fields passed to Levanter's AdamConfig under the same name when set.
+ADAM_FIELDS = (
+    "beta1",
+    "beta2",
+    "epsilon",
+    "max_grad_norm",
+    "decay",
+    "rewarmup",
+    "cycle_length",
+    "skip_bad_steps",
+)
+# What of a Hugging Face config.json must agree with the model built here for
+# SimpleTrainConfig.initialize_from_hf (the vocabulary may differ: Levanter resizes it).
+HF_ARCHITECTURE_KEYS = (
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+)
 
 
 @dataclass(frozen=True)
@@ -211,6 +244,58 @@ class SimpleTrainConfig:
     None: `marin.defaults`' default. Not versioned, and not used by `train` itself:
     `default_train` moves it onto the step."""
 
+    # Levanter's optimizer and loss settings. None: Levanter's default, and then the field is
+    # left out of the step's version (`marin.defaults.TRAIN_FIELDS_VERSIONED_WHEN_SET`), so
+    # configs written before these fields existed keep their output paths.
+
+    beta1: float | None = None
+    """Adam's first-moment decay; None: Levanter's (0.9)."""
+
+    beta2: float | None = None
+    """Adam's second-moment decay; None: Levanter's (0.95)."""
+
+    epsilon: float | None = None
+    """Adam's epsilon; None: Levanter's (1e-8)."""
+
+    max_grad_norm: float | None = None
+    """Clip the gradient to this global norm, 0: no clipping; None: Levanter's (1.0)."""
+
+    decay: float | None = None
+    """Length of the decay phase of each cycle: a fraction of the cycle if <= 1, else steps. The
+    steps between warm-up and decay hold the peak rate (a warmup-stable-decay schedule); None:
+    Levanter's (decay over everything after warm-up)."""
+
+    rewarmup: float | None = None
+    """Warm-up at the start of every cycle after the first: a fraction of the cycle if <= 1,
+    else steps; None: Levanter's (0: none)."""
+
+    cycle_length: int | float | tuple[int, ...] | None = None
+    """Restart the schedule (re-warm-up, decay) every this many steps (a fraction of
+    num_train_steps if <= 1), or after each of these step counts (a tuple); None: one cycle."""
+
+    skip_bad_steps: bool | int | None = None
+    """Skip an update whose loss or gradient norm is far above the recent ones (Levanter's
+    SkipStepConfig: True, or the length of the history it compares with); None: Levanter's
+    (False: never skip)."""
+
+    z_loss_weight: float | None = None
+    """Weight of the z-loss (the squared log-sum-exp of the logits) added to the training loss;
+    None: Levanter's (0: none)."""
+
+    initialize_from_checkpoint_path: str | None = None
+    """Start from this Levanter checkpoint: a checkpoint directory (`<run>/checkpoints/step-N`)
+    or a `checkpoints/` directory (its latest). Its whole training state is loaded -- weights,
+    optimizer state and step -- so training continues at step N + 1 up to num_train_steps,
+    which counts from the start of that run, on this run's data from that step on. Only when
+    this run has no checkpoint of its own (a killed run resumes from its own). None: a fresh
+    initialisation."""
+
+    initialize_from_hf: str | None = None
+    """Start from the weights of this Hugging Face checkpoint: a directory, local or on s3:// /
+    gs://, holding config.json and the weights (e.g. a training step's `hf/step-N`), whose
+    config must describe this run's model; the optimizer and the step start fresh. Hub ids are
+    not fetched (download the model and pass its directory). None: a fresh initialisation."""
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -236,6 +321,17 @@ class TrainConfig:
 
     wandb_project: str = "marin"
     """W&B project name of the run."""
+
+    wandb_name: str | None = None
+    """W&B display name of the run; None: its run id (`run_id(output_path)`). The run id itself
+    -- what a resumed run continues -- is always derived from the output path. Like the two
+    fields below: W&B only, and not versioned (they label the run, not the model)."""
+
+    wandb_group: str | None = None
+    """W&B group of the run (to gather a sweep's runs); None: none."""
+
+    wandb_tags: tuple[str, ...] = ()
+    """W&B tags of the run, each 1 to 64 characters."""
 
     mixed_precision: str | None = None
     """jmp policy, e.g. "p=f32,c=bfloat16"; None: that on an accelerator, "f32" on CPU."""
@@ -309,6 +405,8 @@ def _train(config: TrainConfig) -> None:
         return
 
     _check_enough_data(config)
+    if resume_step is None:  # a run with a checkpoint of its own resumes from it
+        _check_initial_state(config)
     _truncate_metrics(join(config.output_path, METRICS_FILE), resume_step)
     from levanter.main.train_lm import main
 
@@ -408,8 +506,16 @@ def _check(config: TrainConfig) -> None:
         raise ValueError(
             f"SimpleTrainConfig.lr_schedule={train.lr_schedule!r}: one of {', '.join(LR_SCHEDULES)}"
         )
+    _check_optimizer(train)
+    _check_initialization(train)
     if config.tracker not in TRACKERS:
         raise ValueError(f"TrainConfig.tracker={config.tracker!r}: one of {', '.join(TRACKERS)}")
+    if isinstance(config.wandb_tags, str) or not all(
+        isinstance(tag, str) and 1 <= len(tag) <= 64 for tag in config.wandb_tags
+    ):
+        raise ValueError(
+            f"TrainConfig.wandb_tags={config.wandb_tags!r}: a tuple of strings of 1 to 64 characters (W&B's limit)"
+        )
     local_tokenizer = is_local(config.tokenizer) and os.path.isdir(config.tokenizer.removeprefix("file://"))
     if not (local_tokenizer or is_bucket(config.tokenizer)):
         raise ValueError(
@@ -434,6 +540,76 @@ def _check(config: TrainConfig) -> None:
         )
 
 
+def _check_optimizer(train: SimpleTrainConfig) -> None:
+    for name in ("beta1", "beta2"):
+        value = getattr(train, name)
+        if value is not None and not 0 <= value < 1:
+            raise ValueError(f"SimpleTrainConfig.{name}={value}: must be in [0, 1)")
+    for name in ("epsilon", "max_grad_norm", "decay", "rewarmup", "z_loss_weight"):
+        value = getattr(train, name)
+        if value is not None and value < 0:
+            raise ValueError(f"SimpleTrainConfig.{name}={value}: must be >= 0")
+
+
+def _check_initialization(train: SimpleTrainConfig) -> None:
+    checkpoint, hf = train.initialize_from_checkpoint_path, train.initialize_from_hf
+    if checkpoint is not None and hf is not None:
+        raise ValueError(
+            "SimpleTrainConfig: initialize_from_checkpoint_path and initialize_from_hf are both set; give one"
+        )
+    for name, path in (("initialize_from_checkpoint_path", checkpoint), ("initialize_from_hf", hf)):
+        if path is not None and not (is_local(path) or is_bucket(path)):
+            raise ValueError(
+                f"SimpleTrainConfig.{name}={path!r}: must be a directory, local or on s3:// / gs://"
+            )
+
+
+def _check_initial_state(config: TrainConfig) -> None:
+    """Before a run that starts from another one's weights: they are there, and they fit."""
+    train = config.train
+    if train.initialize_from_checkpoint_path is not None:
+        path = _absolute(train.initialize_from_checkpoint_path)
+        step = _checkpoint_step_at(path)
+        if step is None:
+            raise FileNotFoundError(
+                f"SimpleTrainConfig.initialize_from_checkpoint_path={path!r}: no Levanter checkpoint there "
+                "(a directory with metadata.json, e.g. <run>/checkpoints/step-N, or a checkpoints/ directory)"
+            )
+        if step >= train.num_train_steps - 1:
+            raise ValueError(
+                f"SimpleTrainConfig.initialize_from_checkpoint_path={path!r} is at step {step}, but "
+                f"num_train_steps={train.num_train_steps} (counted from the start of that run) leaves "
+                "nothing to train; raise num_train_steps"
+            )
+    if train.initialize_from_hf is not None:
+        path = _absolute(train.initialize_from_hf)
+        source = read_json(join(path, "config.json"))
+        if source is None:
+            raise FileNotFoundError(
+                f"SimpleTrainConfig.initialize_from_hf={path!r}: no config.json there (a Hugging Face "
+                "checkpoint directory, e.g. a training step's hf/step-N; Hub ids are not fetched here: "
+                "download the model and pass its directory)"
+            )
+        seq_len = train.seq_len or config.model.seq_len
+        built = config.model.to_levanter(seq_len=seq_len).to_hf_config(source.get("vocab_size", 0)).to_dict()
+        differing = [
+            f"{key}: {source.get(key)!r} there, {built.get(key)!r} here"
+            for key in HF_ARCHITECTURE_KEYS
+            if key in built and source.get(key) != built.get(key)
+        ]
+        if differing:
+            raise ValueError(
+                f"SimpleTrainConfig.initialize_from_hf={path!r}: its config does not describe this run's "
+                f"model ({'; '.join(differing)}); train the model shape it has"
+            )
+
+
+def _checkpoint_step_at(path: str) -> int | None:
+    """Step of the Levanter checkpoint at `path`, or of the newest one directly under it."""
+    metadata = read_json(join(path, "metadata.json"))
+    return _newest_checkpoint_step(path) if metadata is None else int(metadata["step"])
+
+
 def _check_enough_data(config: TrainConfig) -> None:
     """Levanter stops quietly when the data runs out (and then skips the final checkpoint): refuse up front."""
     stats = read_json(join(config.tokenized_path, "stats.json"))
@@ -453,7 +629,11 @@ def _check_enough_data(config: TrainConfig) -> None:
 
 def latest_checkpoint_step(output_path: str) -> int | None:
     """Step (Levanter's, 0-indexed) of the newest complete checkpoint under output_path, or None."""
-    base = join(output_path, CHECKPOINTS_DIR)
+    return _newest_checkpoint_step(join(output_path, CHECKPOINTS_DIR))
+
+
+def _newest_checkpoint_step(base: str) -> int | None:
+    """Step of the newest complete checkpoint directly under `base`, or None."""
     fs, root = fsspec.core.url_to_fs(base)
     steps = []
     for metadata in fs.glob(f"{root.rstrip('/')}/*/metadata.json"):
@@ -538,7 +718,14 @@ def levanter_config(config: TrainConfig, local_files: str | None = None) -> Trai
 
     if config.tracker == "wandb":
         # W&B's directory can only be set through the environment (see `train`).
-        tracker: Any = WandbConfig(project=config.wandb_project, name=run, mode=wandb_mode(), save_code=False)
+        tracker: Any = WandbConfig(
+            project=config.wandb_project,
+            name=config.wandb_name or run,
+            group=config.wandb_group,
+            tags=list(config.wandb_tags),
+            mode=wandb_mode(),
+            save_code=False,
+        )
     elif config.tracker == "json":
         tracker = JsonLoggerConfig()
     else:
@@ -578,7 +765,11 @@ def levanter_config(config: TrainConfig, local_files: str | None = None) -> Trai
         warmup=train.warmup,
         lr_schedule=train.lr_schedule,
         min_lr_ratio=train.min_lr_ratio,
+        **_set_fields(train, ADAM_FIELDS),
     )
+    if isinstance(train.cycle_length, tuple):
+        # Levanter tells a list of cycle lengths from one length by `isinstance(..., list)`.
+        optimizer = dataclasses.replace(optimizer, cycle_length=list(train.cycle_length))
     return TrainLmConfig(
         data=data,
         trainer=trainer,
@@ -587,7 +778,19 @@ def levanter_config(config: TrainConfig, local_files: str | None = None) -> Trai
         hf_save_path=join(output, HF_DIR),
         hf_save_steps=train.steps_per_export or train.num_train_steps,
         epoch=train.epochs,
+        **_set_fields(train, ("z_loss_weight",)),
+        initialize_from_checkpoint_path=_initial_path(train.initialize_from_checkpoint_path),
+        initialize_from_hf=_initial_path(train.initialize_from_hf) or False,
     )
+
+
+def _set_fields(train: SimpleTrainConfig, names: tuple[str, ...]) -> dict[str, Any]:
+    """`names` of `train` that are set (not None): the others keep Levanter's defaults."""
+    return {name: getattr(train, name) for name in names if getattr(train, name) is not None}
+
+
+def _initial_path(path: str | None) -> str | None:
+    return None if path is None else _absolute(path)
 
 
 def _speed_overrides(config: TrainConfig) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from executor import Executor, ExecutorStep, InputName, ResourceConfig, versione
 from executor.fingerprint import canonical_json, encode, sha256_hex
 from executor.graph import resolve
 from marin.defaults import (
+    TRAIN_FIELDS_VERSIONED_WHEN_SET,
     default_documents,
     default_download,
     default_eval,
@@ -123,12 +124,51 @@ def test_simple_train_config_takes_marins_fields_and_fills_this_projects_default
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("ema_beta", 0.999), ("beta2", 0.95), ("initialize_from_hf", "x/y")]
+    ("field", "value"),
+    [("ema_beta", 0.999), ("int8", True), ("optimizer_config", object()), ("steps_per_task_eval", 100)],
 )
 def test_simple_train_config_refuses_what_training_cannot_honour_by_name(field, value):
     config = SimpleTrainConfig(train_batch_size=4, num_train_steps=10, learning_rate=1e-3, **{field: value})
     with pytest.raises(ValueError, match=f"{field}=.*not supported"):
         config.to_train_settings()
+
+
+def test_simple_train_config_passes_marins_optimizer_and_initialisation_fields_on():
+    fields = dict(
+        beta1=0.8,
+        beta2=0.99,
+        epsilon=1e-6,
+        max_grad_norm=0.5,
+        decay=0.2,
+        rewarmup=0.1,
+        z_loss_weight=1e-4,
+        initialize_from_checkpoint_path="/runs/a/checkpoints/step-9",
+    )
+    settings = marin_train_config(**fields, cycle_length=[50, 50], skip_bad_steps=True).to_train_settings()
+    assert {name: getattr(settings, name) for name in fields} == fields
+    assert (settings.cycle_length, settings.skip_bad_steps) == (
+        (50, 50),
+        True,
+    )  # a tuple: the config is frozen
+    unset = marin_train_config().to_train_settings()
+    assert all(
+        getattr(unset, name) is None for name in TRAIN_FIELDS_VERSIONED_WHEN_SET
+    )  # skip_bad_steps=False too
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"initialize_from_hf": "meta-llama/Llama-3.1-8B"}, "Hub id, and Hub models are not fetched here"),
+        (
+            {"initialize_from_checkpoint_path": "/runs/a/checkpoints", "reset_data_loader_on_init": False},
+            "reset_data_loader_on_init=False is not supported",
+        ),
+    ],
+)
+def test_simple_train_config_refuses_initialisations_it_cannot_honour(fields, message):
+    with pytest.raises(ValueError, match=message):
+        marin_train_config(**fields).to_train_settings()
 
 
 def test_simple_train_config_refuses_two_values_for_one_setting():
@@ -306,6 +346,90 @@ def test_default_train_versions_what_changes_the_model_only():
     assert version_hash(tutorial_train(steps_per_eval=7)) == base
     assert version_hash(tutorial_train(resources=ResourceConfig.with_gpu("H100"))) == base
     assert version_hash(tutorial_train(warmup=0.2)) != base
+
+
+def test_a_step_declared_without_the_newer_training_fields_keeps_its_output_path():
+    # Pinned before beta1, ..., initialize_from_hf and the W&B labels existed: leaving them unset
+    # (or labelling the run) must not move the tutorial's training step. (The tokenize and
+    # documents steps above it are in this hash too.)
+    step = tutorial_train()
+    resolved = resolve([step], "/prefix").resolved(step)
+    assert resolved.version_hash == "04b04cdaa41055809670803cb4cd1f44cb8093f2e443f1629d966f71f12fdf5e"
+    assert resolved.output_path == "/prefix/checkpoints/marin-nano-04b04cda"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("beta1", 0.8),
+        ("beta2", 0.99),
+        ("epsilon", 1e-6),
+        ("max_grad_norm", 0.5),
+        ("decay", 0.2),
+        ("rewarmup", 0.1),
+        ("cycle_length", [50, 50]),
+        ("skip_bad_steps", True),
+        ("z_loss_weight", 1e-4),
+        ("initialize_from_checkpoint_path", "/runs/a/checkpoints/step-9"),
+        ("initialize_from_hf", "/runs/a/hf/step-9"),
+    ],
+)
+def test_the_newer_training_fields_are_versioned_only_when_set(field, value):
+    base = version(tutorial_train())
+    assert f"train.{field}" not in base["config"]
+    changed = version(tutorial_train(**{field: value}))
+    assert changed["config"][f"train.{field}"] == value  # (a tuple is encoded as a list)
+    assert version_hash(tutorial_train(**{field: value})) != version_hash(tutorial_train())
+
+
+def test_wandb_labels_reach_the_training_config_and_are_not_versioned(monkeypatch):
+    monkeypatch.delenv("WANDB_GROUP", raising=False)
+    tokenized = default_tokenize("tiny", documents_step(), "org/tok")
+    plain = default_train("n", tokenized, llama_nano, marin_train_config())
+    labelled = default_train(
+        "n", tokenized, llama_nano, marin_train_config(), tags=["a"], wandb_name="run-1", wandb_group="sweep"
+    )
+    assert (plain.config.wandb_name, plain.config.wandb_group, plain.config.wandb_tags) == (None, None, ())
+    assert (labelled.config.wandb_name, labelled.config.wandb_group, labelled.config.wandb_tags) == (
+        "run-1",
+        "sweep",
+        ("a",),
+    )
+    assert version_hash(labelled) == version_hash(plain)
+    monkeypatch.setenv("WANDB_GROUP", "from-env")  # Marin's fallback for wandb_group
+    assert default_train("n", tokenized, llama_nano, marin_train_config()).config.wandb_group == "from-env"
+    with pytest.raises(ValueError, match="tags='llama' is a string"):
+        default_train("n", tokenized, llama_nano, marin_train_config(), tags="llama")
+
+
+def test_a_training_steps_checkpoint_as_the_initial_state_is_an_input():
+    tokenized = default_tokenize("tiny", documents_step(), "org/tok")
+    source = default_train("source", tokenized, llama_nano, marin_train_config())
+    continued = default_train(
+        "continued",
+        tokenized,
+        llama_nano,
+        marin_train_config(
+            num_train_steps=200, initialize_from_checkpoint_path=source / "checkpoints/step-99"
+        ),
+    )
+    graph = resolve([continued], "/prefix")
+    assert (
+        version(continued)["config"]["train.initialize_from_checkpoint_path"] == "DEP[1]/checkpoints/step-99"
+    )
+    assert graph.resolved(continued).config.train.initialize_from_checkpoint_path == (
+        f"{graph.resolved(source).output_path}/checkpoints/step-99"
+    )
+    other_source = default_train("source", tokenized, llama_nano, marin_train_config(learning_rate=1e-3))
+    moved = default_train(
+        "continued",
+        tokenized,
+        llama_nano,
+        marin_train_config(
+            num_train_steps=200, initialize_from_checkpoint_path=other_source / "checkpoints/step-99"
+        ),
+    )
+    assert version_hash(moved) != version_hash(continued)
 
 
 def test_marins_simple_train_config_versions_like_the_settings_it_stands_for():

@@ -73,6 +73,22 @@ def test_config_is_frozen_picklable_and_run_id_is_stable(tmp_path):
         ),
         ({"attention_backend": "flash"}, "attention_backend"),
         ({"gradient_checkpointing": "sometimes"}, "gradient_checkpointing"),
+        ({"train": SimpleTrainConfig(8, 10, 1e-3, beta2=1.0)}, r"beta2=1.0: must be in \[0, 1\)"),
+        ({"train": SimpleTrainConfig(8, 10, 1e-3, max_grad_norm=-1.0)}, "max_grad_norm=-1.0: must be >= 0"),
+        (
+            {
+                "train": SimpleTrainConfig(
+                    8, 10, 1e-3, initialize_from_checkpoint_path="/a", initialize_from_hf="/b"
+                )
+            },
+            "initialize_from_checkpoint_path and initialize_from_hf are both set",
+        ),
+        (
+            {"train": SimpleTrainConfig(8, 10, 1e-3, initialize_from_hf="https://example.com/model")},
+            "initialize_from_hf='https://example.com/model': must be a directory",
+        ),
+        ({"wandb_tags": ("x" * 65,)}, "wandb_tags=.*1 to 64 characters"),
+        ({"wandb_tags": "llama"}, "wandb_tags='llama'"),
     ],
 )
 def test_bad_settings_are_rejected_with_the_field_named(tmp_path, fields, message):
