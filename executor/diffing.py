@@ -51,14 +51,31 @@ def flatten(value: Any, path: str = "", out: dict[str, Any] | None = None) -> di
     return out
 
 
-def diff_flat(old: dict[str, Any], new: dict[str, Any]) -> list[FieldChange]:
-    """Changed, added and removed leaves, sorted by field path."""
+UNSET_VALUES = (None, [], {})
+"""Leaf values that mean "not set": a field added or removed with one of these is no change
+for `diff_flat(..., skip_unset=True)` (a config class that gained an optional field)."""
+
+
+def diff_flat(old: dict[str, Any], new: dict[str, Any], skip_unset: bool = False) -> list[FieldChange]:
+    """Changed, added and removed leaves, sorted by field path.
+
+    `skip_unset`: leave out fields added or removed with an unset value (None, [], {}), so
+    that outputs made before a config class gained an optional field reuse without a warning.
+    """
     changes = []
     for key in sorted(old.keys() | new.keys()):
         before, after = old.get(key, _MISSING), new.get(key, _MISSING)
         if before != after or type(before) is not type(after):
+            if skip_unset and (
+                (before is _MISSING and _unset(after)) or (after is _MISSING and _unset(before))
+            ):
+                continue
             changes.append(FieldChange(key, before, after))
     return changes
+
+
+def _unset(value: Any) -> bool:
+    return any(value == unset and type(value) is type(unset) for unset in UNSET_VALUES)
 
 
 def diff_versions(old: dict, new: dict, new_dependency_names: list[str] | None = None) -> list[str]:

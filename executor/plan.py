@@ -380,7 +380,7 @@ def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> Pla
     stored_digest = event.extra.get("config_digest")
     if stored_digest is not None and stored_digest != step.config_digest:
         info = read_info(store, step.output_path) or {}
-        diff = diff_flat(flatten(recorded_config(info)), flatten(step.config_record))
+        diff = diff_flat(flatten(recorded_config(info)), flatten(step.config_record), skip_unset=True)
         changes = tuple(change.describe() for change in diff)
     return PlannedStep(step, Action.SKIP, "already succeeded", Status.SUCCESS, unversioned_changes=changes)
 

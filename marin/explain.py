@@ -91,7 +91,9 @@ def explain(tree: OutputTree, old: StepOutput, new: StepOutput, depth: int = 5) 
     result.unversioned = [
         change.describe()
         for change in diff_flat(
-            flatten(_dict(recorded_config(old_info))), flatten(_dict(recorded_config(new_info)))
+            flatten(_dict(recorded_config(old_info))),
+            flatten(_dict(recorded_config(new_info))),
+            skip_unset=True,
         )
         if not (_is_tree_path(change.old, tree) and _is_tree_path(change.new, tree))
         and not _versioned_field(change.field, new_version)

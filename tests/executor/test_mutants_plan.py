@@ -464,3 +464,33 @@ def test_make_plan_with_a_graph_and_leases_directly(tmp_path):
     plan = make_plan(graph, [a], store, leases, run_only="a", force_run_failed=False)
     assert [(r.name, r.action, r.reason) for r in plan.rows] == [("a", Action.RUN, "no output yet")]
     assert plan.graph is graph
+
+
+def test_fields_a_config_class_gained_unset_are_no_unversioned_change(tmp_path):
+    """An output made before its config class gained an optional field (recorded without it)
+    is reused quietly while the new field is unset; a field that differs is still named."""
+    import json
+
+    prefix = str(tmp_path)
+    a = ExecutorStep("a", write_value, WriteConfig(output_path=this_output_path(), value=None, key="k"))
+    Executor(prefix, console=False).run([a])
+    path = info_path(path_of(prefix, a))
+    with open(path) as handle:
+        info = json.load(handle)
+    for field in ("value", "inputs"):  # None and [] today, absent when it ran
+        del info["config"][field]
+    info["config"]["key"] = "other"
+    with open(path, "w") as handle:
+        json.dump(info, handle)
+    resolved = resolve([a], prefix).resolved(a)
+    append_status(
+        open_store(prefix),
+        resolved.output_path,
+        Status.SUCCESS,
+        None,
+        "w",
+        version_hash=resolved.version_hash,
+        config_digest="0" * 16,  # the digest of the config it ran with: another one
+    )
+    (row,) = dry_run(prefix, [a]).rows
+    assert row.unversioned_changes == ("key: 'other' -> 'k'",)
