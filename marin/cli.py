@@ -7,6 +7,7 @@
     marin diff <a> <b>               the same, for any two outputs
     marin reproduce <step> --into NEW     rebuild it into NEW and compare the outputs
     marin gc [--yes]                 unreferenced, failed and abandoned outputs (delete with --yes)
+    marin leaderboard [PATTERN]      training runs ranked on equal tokens by eval loss (or --by bpb)
     marin browse [--port N]          the web browser
 
 The tree is read through the executor's store, so every command works on local disk
@@ -31,6 +32,7 @@ from executor.template import TemplateError
 from executor.tree import info_path, utc_now_iso
 from marin.explain import explain, previous_version
 from marin.gc import delete_garbage, find_garbage
+from marin.leaderboard import METRICS, as_json, describe_differences, rank, training_runs
 from marin.outputs import (
     OutputTree,
     RefError,
@@ -407,6 +409,45 @@ def cmd_browse(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- leaderboard -----------------------------------------------------------------
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    tree = _tree(args)
+    try:
+        groups = rank(training_runs(tree, args.pattern), args.by)
+    except ValueError as error:
+        raise CliError(str(error)) from error
+    if args.json:
+        print(json.dumps(as_json(groups, args.by), indent=2))
+        return 0
+    if not groups:
+        where = f" matching {args.pattern!r}" if args.pattern else ""
+        print(f"no finished training runs{where} under {tree.prefix}")
+        return 0
+    print(f"ranked by final eval/{args.by} (lower is better), among runs trained on the same tokens")
+    for group in groups:
+        tokens = f"{group.tokens:,} tokens" if group.tokens is not None else "tokens not recorded"
+        print(f"\n{tokens} ({len(group.ranked)} run{'s' if len(group.ranked) != 1 else ''})")
+        rows = [
+            [
+                str(index) if run.score(args.by) is not None else "-",
+                _fixed(run.eval_loss),
+                _fixed(run.eval_bpb),
+                f"{run.parameters:,}" if run.parameters is not None else "-",
+                f"{run.tokens_per_second:,.0f}" if run.tokens_per_second is not None else "-",
+                f"{run.mfu:.1%}" if run.mfu is not None else "-",
+                run.step.relpath,
+                describe_differences(group.differences.get(run.step.path, {})),
+            ]
+            for index, run in enumerate(group.ranked, start=1)
+        ]
+        print(_table(rows, ["RANK", "LOSS", "BPB", "PARAMS", "TOKENS/S", "MFU", "RUN", "DIFFERS"]))
+    return 0
+
+
+def _fixed(value: float | None) -> str:
+    return f"{value:.4f}" if value is not None else "-"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marin", description=__doc__.split("\n\n")[0])
     common = argparse.ArgumentParser(add_help=False)
@@ -472,6 +513,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after which a lease counts as dead (default 60)",
     )
     gc.set_defaults(fn=cmd_gc)
+
+    board = commands.add_parser(
+        "leaderboard", parents=[common], help="training runs ranked on equal tokens by final eval loss"
+    )
+    board.add_argument(
+        "pattern", nargs="?", help="an experiment (id or script name), else a regex over step names"
+    )
+    board.add_argument("--by", choices=METRICS, default="loss", help="final eval/loss (default) or eval/bpb")
+    board.add_argument("--json", action="store_true", help="machine-readable output")
+    board.set_defaults(fn=cmd_leaderboard)
 
     browse = commands.add_parser("browse", parents=[common], help="start the web browser and print its URL")
     browse.add_argument("--port", type=int, default=8765, help="port (0: any free one)")

@@ -600,7 +600,11 @@ class OutputTree:
 
     def log_tail(self, step: StepOutput, max_bytes: int = 8192) -> str | None:
         """The last `max_bytes` of the step's log, never reading more (nor a link out of the prefix)."""
-        path = log_path(step.path)
+        return self.file_tail(log_path(step.path), max_bytes)
+
+    def file_tail(self, path: str, max_bytes: int = 8192) -> str | None:
+        """The last `max_bytes` of a file in the tree as text, from a line start when cut; never
+        reads more, nor a link out of the prefix. None when it is missing or cannot be read."""
         local = self.store.local_path(path)
         try:
             if local is not None:

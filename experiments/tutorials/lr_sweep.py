@@ -1,15 +1,19 @@
-"""Learning-rate sweep: three tiny Llamas sharing one tokenized dataset, a results table and
-a loss-curve picture.
+"""Learning-rate sweep (a learning-rate finder): three tiny Llamas sharing one tokenized
+dataset, a results table, a loss-curve picture, and the learning rate it picks, with why.
 
     python experiments/tutorials/lr_sweep.py           # data once, three trainings, three evals
     python experiments/tutorials/lr_sweep.py           # again: everything cached
 
 The data steps are shared (built once), each learning rate gets its own training and eval
-step, and a final `analysis/lr-sweep` step writes `results.md` (the table, also printed)
-and `loss_curves.png` (train and eval loss of the three runs) under its output path.
+step, and a final `analysis/lr-sweep` step writes `results.md` (the table and the choice, also printed),
+`loss_curves.png` (train and eval loss of the three runs) and `choice.json` (the learning
+rate with the lowest held-out loss, the ranking, and a warning when the best is at the edge
+of the sweep, where a wider sweep may find better) under its output path. The runs train on
+equal tokens, so `marin leaderboard lr_sweep` ranks them too.
 """
 
 import io
+import json
 from dataclasses import dataclass
 
 from executor import ExecutorStep, executor_main, this_output_path, versioned
@@ -32,7 +36,10 @@ class SweepReportConfig:
     """Output paths of the eval steps (results.json inside)."""
 
     output_path: str
-    """Where results.md and loss_curves.png go."""
+    """Where results.md, loss_curves.png and choice.json go."""
+
+    learning_rates: tuple[float, ...] = ()
+    """The learning rate of each run (the labels say the same; not versioned)."""
 
 
 def report_sweep(config: SweepReportConfig) -> None:
@@ -46,6 +53,7 @@ def report_sweep(config: SweepReportConfig) -> None:
     from operations.train import read_metrics
 
     rows = ["| run | final train loss | eval loss | bits per byte |", "|---|---|---|---|"]
+    eval_losses = []
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for label, train_path, eval_path in zip(
         config.labels, config.train_paths, config.eval_paths, strict=True
@@ -60,6 +68,7 @@ def report_sweep(config: SweepReportConfig) -> None:
         if results is None:
             raise FileNotFoundError(f"{eval_path}/results.json: the eval step wrote no results")
         domain = next(iter(results["domains"].values()))
+        eval_losses.append(domain["loss"])
         rows.append(f"| {label} | {train[-1][1]:.3f} | {domain['loss']:.3f} | {domain['bpb']:.3f} |")
     axis.set_xlabel("step")
     axis.set_ylabel("loss (nats/token)")
@@ -73,10 +82,37 @@ def report_sweep(config: SweepReportConfig) -> None:
     plt.close(figure)
     with atomic_output(join(config.output_path, "loss_curves.png")) as handle:
         handle.write(picture.getvalue())
-    table = "\n".join(rows) + "\n"
+    choice = choose_learning_rate(config.labels, config.learning_rates, eval_losses)
+    with atomic_output(join(config.output_path, "choice.json")) as handle:
+        handle.write(json.dumps(choice, indent=2).encode("utf-8"))
+    table = "\n".join(rows) + f"\n\n**Choice:** {choice['why']}\n"
     with atomic_output(join(config.output_path, "results.md")) as handle:
         handle.write(table.encode("utf-8"))
     print(table)
+
+
+def choose_learning_rate(labels, learning_rates, eval_losses) -> dict:
+    """The run with the lowest held-out loss (equal tokens for all), the ranking, and why."""
+    order = sorted(range(len(labels)), key=lambda i: eval_losses[i])
+    best = order[0]
+    why = f"{labels[best]} has the lowest held-out loss ({eval_losses[best]:.4f})"
+    if len(order) > 1:
+        runner_up = order[1]
+        why += f", {eval_losses[runner_up] - eval_losses[best]:.4f} below {labels[runner_up]}"
+    edge = None
+    if len(learning_rates) == len(labels) and len(labels) > 2:
+        by_rate = sorted(range(len(labels)), key=lambda i: learning_rates[i])
+        if best in (by_rate[0], by_rate[-1]):
+            edge = "lowest" if best == by_rate[0] else "highest"
+            why += f"; it is the {edge} rate swept, so a wider sweep may find a better one"
+    return {
+        "chosen": labels[best],
+        "learning_rate": learning_rates[best] if len(learning_rates) == len(labels) else None,
+        "eval_loss": eval_losses[best],
+        "ranking": [{"run": labels[i], "eval_loss": eval_losses[i]} for i in order],
+        "at_edge_of_sweep": edge,
+        "why": why,
+    }
 
 
 def sweep_steps(learning_rates=LEARNING_RATES, max_files=None, steps=100, vocab_size=4096):
@@ -105,8 +141,9 @@ def sweep_steps(learning_rates=LEARNING_RATES, max_files=None, steps=100, vocab_
             train_paths=trains,
             eval_paths=evals,
             output_path=this_output_path(),
+            learning_rates=versioned(tuple(learning_rates)),  # new output (choice.json): new version
         ),
-        description="Results table and loss curves of the learning-rate sweep",
+        description="Results table, loss curves and the chosen learning rate of the sweep",
     )
     return [*trains, *evals, report]
 

@@ -16,6 +16,7 @@ header{background:#263238;color:#eceff1;padding:8px 18px;display:flex;gap:18px;a
 header a{color:#eceff1;text-decoration:none;font-weight:600}
 header .prefix{color:#b0bec5;font-family:monospace;font-size:12px;margin-left:auto}
 main{padding:12px 18px 40px}
+.bar{display:inline-block;height:10px;background:#5c6bc0;vertical-align:middle;border-radius:2px}
 h1{font-size:20px;margin:6px 0 10px;word-break:break-all}
 h2{font-size:16px;margin:22px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}
 a{color:#1565c0}
@@ -128,7 +129,7 @@ def page(title: str, body: str, prefix: str) -> str:
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>{esc(title)} \u2014 marin browse</title><style>{CSS}</style></head><body>"
-        f'<header><a href="/">Experiments</a><a href="/steps">All steps</a>'
+        f'<header><a href="/">Experiments</a><a href="/steps">All steps</a><a href="/leaderboard">Leaderboard</a>'
         f'<span class="prefix" title="prefix">{esc(prefix)}</span></header>'
         f"<main>{body}</main></body></html>"
     )

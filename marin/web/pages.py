@@ -9,6 +9,7 @@ URL scheme (every `<rel>` is a path relative to the prefix, checked by `safety`)
     /train/<rel>              a training step: loss / eval curves, eval results
     /file/<rel>?offset=N      a file, one page at a time (or a directory listing)
     /compare/<rel>?offset=N   the documents of one shard across consecutive steps
+    /leaderboard?q=P&by=loss  training runs ranked on equal tokens (`marin.leaderboard`)
     /raw/<rel>                the file's bytes (streamed, as text/plain or octet-stream)
 
 Each request reads the tree afresh (nothing is cached between requests, so a page is
@@ -34,6 +35,7 @@ from urllib.parse import parse_qs
 
 from executor.store import Store, normalize_prefix, open_store
 from executor.tree import INFO_FILE, LEASE_FILE, LOG_FILE, STATUS_FILE
+from marin import leaderboard
 from marin.outputs import Experiment, OutputTree, StepOutput, human_duration, human_size, iso_age
 
 from . import files as filepages
@@ -121,6 +123,7 @@ class App:
             "file": self.file,
             "compare": self.compare,
             "raw": self.raw,
+            "leaderboard": self.leaderboard,
         }
 
     # -- dispatch -------------------------------------------------------------
@@ -200,6 +203,61 @@ class App:
             body += f'<p class="muted">no experiment manifests under {esc(self.prefix)}/experiments.</p>'
         body += f"<p>{link('/steps', 'All step outputs under the prefix')}</p>"
         return self.html("Experiments", body)
+
+    def leaderboard(self, tree: _Tree, rest: str, params: dict) -> Response:
+        if rest:
+            raise Refused(404, "no such page")
+        pattern = (params.get("q") or [""])[0].strip() or None
+        by = (params.get("by") or ["loss"])[0]
+        if by not in leaderboard.METRICS:
+            raise Refused(400, f"bad by: {by!r} (one of {', '.join(leaderboard.METRICS)})")
+        try:
+            groups = leaderboard.rank(leaderboard.training_runs(tree, pattern), by)
+        except ValueError as error:
+            raise Refused(400, str(error)) from None
+        other = "bpb" if by == "loss" else "loss"
+        body = (
+            "<h1>Leaderboard</h1>"
+            f'<form method="get" action="/leaderboard"><input name="q" value="{esc(pattern or "")}" '
+            'placeholder="experiment or step-name pattern"> '
+            f'<input type="hidden" name="by" value="{esc(by)}"><button>filter</button> '
+            f"ranked by final <b>eval/{esc(by)}</b> (lower is better) among runs on equal tokens; "
+            f"{link(url('leaderboard', q=pattern, by=other), f'rank by eval/{other}')}</form>"
+        )
+        if not groups:
+            body += '<p class="muted">no finished training runs' + (
+                f" matching {esc(pattern)}</p>" if pattern else "</p>"
+            )
+        for group in groups:
+            tokens = f"{group.tokens:,} tokens" if group.tokens is not None else "tokens not recorded"
+            scores = [run.score(by) for run in group.ranked if run.score(by) is not None]
+            low, high = (min(scores), max(scores)) if scores else (0.0, 0.0)
+            rows = []
+            for index, run in enumerate(group.ranked, start=1):
+                score = run.score(by)
+                # Bars from 30% (the best) to 100% (the worst) of the cell, so close scores still differ.
+                width = (
+                    30 + 70 * ((score - low) / (high - low) if high > low else 0) if score is not None else 0
+                )
+                rows.append(
+                    [
+                        num(index if score is not None else "-"),
+                        f'<span class="bar" style="width:{width:.0f}px"></span> {num(_fmt(score))}'
+                        if score is not None
+                        else "-",
+                        num(_fmt_or_dash(run.eval_loss if by == "bpb" else run.eval_bpb)),
+                        num(f"{run.parameters:,}" if run.parameters is not None else "-"),
+                        num(f"{run.tokens_per_second:,.0f}" if run.tokens_per_second is not None else "-"),
+                        num(f"{run.mfu:.1%}" if run.mfu is not None else "-"),
+                        link(url("train", run.step.relpath), run.step.relpath),
+                        esc(leaderboard.describe_differences(group.differences.get(run.step.path, {}), 200)),
+                    ]
+                )
+            header = ["rank", f"eval/{by}", f"eval/{other}", "params", "tokens/s", "MFU", "run", "differs"]
+            body += f"<h2>{esc(tokens)} <span class=muted>({len(rows)})</span></h2>" + table(
+                header, rows, "board"
+            )
+        return self.html("Leaderboard", body)
 
     def all_steps(self, tree: _Tree, _rest: str, _params: dict) -> Response:
         rows = [
@@ -874,6 +932,10 @@ def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield from _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
     else:
         yield prefix, value
+
+
+def _fmt_or_dash(value: float | None) -> str:
+    return "-" if value is None else _fmt(value)
 
 
 def _fmt(value: Any) -> str:
