@@ -59,6 +59,7 @@ from operations.hub import (
 from operations.quality_classifier import score_quality
 from operations.tokenize import TokenizeConfig, tokenize
 from operations.tokenizer import TrainTokenizerConfig, train_tokenizer
+from operations.train import ADAM_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -427,14 +428,7 @@ export cadence are not: they change what is logged or saved along the way, not t
 nor are `resources` (the same run on other hardware is the same model)."""
 
 TRAIN_FIELDS_VERSIONED_WHEN_SET = (
-    "beta1",
-    "beta2",
-    "epsilon",
-    "max_grad_norm",
-    "decay",
-    "rewarmup",
-    "cycle_length",
-    "skip_bad_steps",
+    *ADAM_FIELDS,  # beta1, beta2, epsilon, max_grad_norm, decay, rewarmup, cycle_length, skip_bad_steps
     "z_loss_weight",
     "initialize_from_checkpoint_path",
     "initialize_from_hf",

@@ -378,10 +378,9 @@ def test_a_success_without_version_or_digest_is_reused_without_warnings(tmp_path
     assert (row.action, row.reason, row.unversioned_changes) == (Action.SKIP, "already succeeded", ())
 
 
-def test_a_changed_config_digest_without_a_stored_info_lists_every_field_as_added(tmp_path):
-    prefix = str(tmp_path)
-    a = step("a", 1, key="k")
-    resolved = resolve([a], prefix).resolved(a)
+def succeeded_with_another_config(prefix, declared):
+    """A SUCCESS of this version whose recorded config digest is another config's."""
+    resolved = resolve([declared], prefix).resolved(declared)
     append_status(
         open_store(prefix),
         resolved.output_path,
@@ -391,6 +390,12 @@ def test_a_changed_config_digest_without_a_stored_info_lists_every_field_as_adde
         version_hash=resolved.version_hash,
         config_digest="0" * 16,
     )
+
+
+def test_a_changed_config_digest_without_a_stored_info_lists_every_field_as_added(tmp_path):
+    prefix = str(tmp_path)
+    a = step("a", 1, key="k")
+    succeeded_with_another_config(prefix, a)
     (row,) = dry_run(prefix, [a]).rows
     assert row.action == Action.SKIP and row.reason == "already succeeded"
     assert row.unversioned_changes and any("key" in change for change in row.unversioned_changes)
@@ -482,15 +487,6 @@ def test_fields_a_config_class_gained_unset_are_no_unversioned_change(tmp_path):
     info["config"]["key"] = "other"
     with open(path, "w") as handle:
         json.dump(info, handle)
-    resolved = resolve([a], prefix).resolved(a)
-    append_status(
-        open_store(prefix),
-        resolved.output_path,
-        Status.SUCCESS,
-        None,
-        "w",
-        version_hash=resolved.version_hash,
-        config_digest="0" * 16,  # the digest of the config it ran with: another one
-    )
+    succeeded_with_another_config(prefix, a)
     (row,) = dry_run(prefix, [a]).rows
     assert row.unversioned_changes == ("key: 'other' -> 'k'",)
