@@ -397,9 +397,9 @@ def _train(config: TrainConfig) -> None:
     if resume_step is not None and resume_step >= final_step:
         # Finished. A run killed after its final checkpoint may lack the export or the stats.
         if not _hf_export_exists(config.output_path, resume_step):
-            with local_staging(_absolute(config.output_path), "train") as local:
+            with _local_files_directory(config, preload=()) as local:
                 export_hf_from_checkpoint(config, resume_step, local)
-        if read_json(join(config.output_path, "stats.json")) is None:
+        if read_json(join(config.output_path, "stats.json")) is None and primary_process():
             _write_train_stats(config, attempts=_attempts(config, resume_step, 0.0))
         logger.info("train: %s already finished (checkpoint at step %d)", config.output_path, resume_step)
         return
@@ -407,7 +407,9 @@ def _train(config: TrainConfig) -> None:
     _check_enough_data(config)
     if resume_step is None:  # a run with a checkpoint of its own resumes from it
         _check_initial_state(config)
-    _truncate_metrics(join(config.output_path, METRICS_FILE), resume_step)
+    primary = primary_process()  # starts jax.distributed in a process of a gang
+    if primary:
+        _truncate_metrics(join(config.output_path, METRICS_FILE), resume_step)
     from levanter.main.train_lm import main
 
     announce_devices()
@@ -415,9 +417,7 @@ def _train(config: TrainConfig) -> None:
     # JAX's checkpoint serializer logs an INFO line per array written; that drowns the
     # executor's progress lines. The full story stays in the step's log at WARNING and up.
     logging.getLogger("jax.experimental.array_serialization").setLevel(logging.WARNING)
-    # On a bucket, what Levanter and W&B write only locally (the log file, W&B's offline run,
-    # the HF reference config) goes to a temporary directory, uploaded when training ends.
-    with local_staging(_absolute(config.output_path), "train", preload=("logs",)) as local:
+    with _local_files_directory(config, preload=("logs",)) as local:
         levanter_lm_config = levanter_config(config, local)
         try:
             with _wandb_environment(config, local):
@@ -429,16 +429,52 @@ def _train(config: TrainConfig) -> None:
         raise RuntimeError(
             f"{config.output_path}: training ended at checkpoint step {last_step}, expected {final_step}"
         )
-    _write_train_stats(config, attempts=_attempts(config, resume_step, time.perf_counter() - started))
+    if primary:
+        _write_train_stats(config, attempts=_attempts(config, resume_step, time.perf_counter() - started))
+
+
+@contextlib.contextmanager
+def _local_files_directory(config: TrainConfig, preload: tuple[str, ...]) -> Iterator[str]:
+    """Where what Levanter and W&B write only locally goes (the log file, W&B's offline run, the
+    HF reference config): for process 0 (or the only process), on a bucket, a temporary
+    directory uploaded to the output when training ends (`local_staging`; the output itself
+    when local); for the other processes of a multi-process run, a temporary directory removed
+    afterwards -- their output is in their step log (`logs/process-<i>.log`), not in the tree."""
+    import tempfile
+
+    if primary_process():
+        with local_staging(_absolute(config.output_path), "train", preload=preload) as local:
+            yield local
+    else:
+        with tempfile.TemporaryDirectory(prefix="marin-train-process-") as scratch:
+            yield scratch
 
 
 def initialize_distributed() -> bool:
-    """Start `jax.distributed` (through Levanter's `DistributedConfig`) where JAX detects a cluster;
-    once per process, before the first JAX call of this module. Returns whether it is started."""
+    """Start `jax.distributed` (through Levanter's `DistributedConfig`) in a process of a gang
+    the executor started (`executor.backends.DistributedProcess`: coordinator, process count
+    and index in the environment), or where JAX detects a cluster; once per process, before
+    the first JAX call of this module. Returns whether it is started."""
     import jax
     from jax._src import clusters
 
+    from executor.backends import DistributedProcess
+
     if jax.distributed.is_initialized():
+        return True
+    gang = DistributedProcess.from_env()
+    if gang is not None:
+        from levanter.distributed import DistributedConfig
+
+        # Collectives between CPU processes go through gloo (JAX 0.7.2's default already; an
+        # unset implementation would make every cross-process computation fail). Must be set
+        # before JAX's backends start, as must jax.distributed.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        DistributedConfig(
+            coordinator_address=gang.coordinator_address,
+            num_processes=gang.num_processes,
+            process_id=gang.process_id,
+        ).initialize()
         return True
     # JAX's own auto-detection (clusters.ClusterEnv.auto_detect_unset_distributed_params) skips
     # the opt-in-only environments (mpi4py); Levanter's check does not.
@@ -450,6 +486,16 @@ def initialize_distributed() -> bool:
 
     DistributedConfig().initialize()
     return True
+
+
+def primary_process() -> bool:
+    """Whether this process writes the run's own files (metrics.jsonl, attempts.json, stats.json,
+    Levanter's log, W&B's run, the HF reference config): process 0 of a multi-process run, or
+    the only process. The others train, and write only their share of each checkpoint."""
+    import jax
+
+    initialize_distributed()
+    return jax.process_index() == 0
 
 
 def describe_devices() -> dict[str, Any]:
@@ -842,13 +888,18 @@ def _absolute(path: str) -> str:
 
 def _local_files(output: str, local_files: str | None) -> str:
     """Where files that can only be written locally go: the output directory itself when it is
-    local, else `local_files`, else this run's directory under the system temp dir (never the
-    working directory)."""
+    local and this is process 0 (or the only one: see `primary_process`), else `local_files`,
+    else this run's (and process's) directory under the system temp dir (never the working
+    directory)."""
     import tempfile
 
-    if is_local(output):
+    import jax
+
+    primary = primary_process()
+    if is_local(output) and primary:
         return output
-    return local_files or os.path.join(tempfile.gettempdir(), "marin-train-files", run_id(output))
+    name = run_id(output) if primary else f"{run_id(output)}-process-{jax.process_index()}"
+    return local_files or os.path.join(tempfile.gettempdir(), "marin-train-files", name)
 
 
 def _write_hf_reference(config: TrainConfig, reference: str, vocab_size: int) -> str:
@@ -1004,8 +1055,10 @@ def _metrics_tracker_config():
             self.path = path
             self.step: int | None = None
             self.handle: Any = None
+            # Every process of a multi-process run logs the same (global) metrics: one writes.
+            self.writes = primary_process()
             # Object stores cannot append: keep the file's lines and rewrite it now and then.
-            self.lines: list[str] | None = None if is_local(path) else _read_lines(path)
+            self.lines: list[str] | None = None if is_local(path) or not self.writes else _read_lines(path)
             self.written = time.monotonic()
             self.unwritten = False  # lines logged since the file was last rewritten
             if self.lines is not None:
@@ -1015,6 +1068,8 @@ def _metrics_tracker_config():
             pass
 
         def log(self, metrics: Any, *, step: int | None, commit: bool | None = None) -> None:
+            if not self.writes:
+                return
             self.step = step if step is not None else self.step
             row: dict[str, Any] = {}
             for key, value in _flatten(metrics).items():

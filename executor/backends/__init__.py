@@ -32,11 +32,19 @@ Two backends, chosen by `executor_main --backend local|ray` or `$MARIN_BACKEND`:
 
 A light step always runs in the driver: starting a process for a step that lists a
 directory would cost more than the step.
+
+A step whose resources ask for several hosts (`ResourceConfig.replicas` > 1, or a TPU slice of
+several hosts) runs as a *gang* of processes on the Ray backend, one per host, started together
+(`executor.backends.ray_cluster`). Each process finds its place in the gang in its environment
+(`DistributedProcess.from_env`): the coordinator's address, the number of processes and its own
+index -- what `jax.distributed.initialize` needs (`operations.train.initialize_distributed`
+reads it).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,6 +66,65 @@ class StepFunctionError(RuntimeError):
 
 class StepCancelled(StepFunctionError):
     """The step's process was stopped on purpose (`Backend.cancel`): not re-submitted."""
+
+
+class StepRefused(StepCancelled):
+    """The backend will not start the step (e.g. its gang of hosts can no longer be placed):
+    recorded as FAILED with this message, not re-submitted."""
+
+
+COORDINATOR_ADDRESS_ENV = "MARIN_COORDINATOR_ADDRESS"
+NUM_PROCESSES_ENV = "MARIN_NUM_PROCESSES"
+PROCESS_ID_ENV = "MARIN_PROCESS_ID"
+
+
+@dataclass(frozen=True)
+class DistributedProcess:
+    """This process's place in a gang of processes that run one step together.
+
+    Set by the backend in each process's environment before the step function runs; JAX
+    reads none of these variables itself (it reads only `JAX_COORDINATOR_ADDRESS`), so a
+    step that trains calls `jax.distributed.initialize(coordinator_address, num_processes,
+    process_id)` with them (`operations.train.initialize_distributed`, through Levanter's
+    `DistributedConfig`).
+    """
+
+    coordinator_address: str
+    """`host:port` of process 0's JAX coordination service (process 0's node, a free port)."""
+
+    num_processes: int
+    process_id: int
+    """0 .. num_processes - 1; process 0 writes the step's bookkeeping."""
+
+    def env(self) -> dict[str, str]:
+        return {
+            COORDINATOR_ADDRESS_ENV: self.coordinator_address,
+            NUM_PROCESSES_ENV: str(self.num_processes),
+            PROCESS_ID_ENV: str(self.process_id),
+        }
+
+    @staticmethod
+    def from_env(environ: dict[str, str] | None = None) -> DistributedProcess | None:
+        """The gang this process belongs to, or None when it runs alone (none of the variables
+        set). ValueError naming the variable when they are set but incomplete or malformed."""
+        environ = os.environ if environ is None else environ
+        names = (COORDINATOR_ADDRESS_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV)
+        values = {name: environ.get(name, "").strip() for name in names}
+        if not any(values.values()):
+            return None
+        missing = [name for name, value in values.items() if not value]
+        if missing:
+            raise ValueError(
+                f"${', $'.join(missing)} not set, but ${', $'.join(n for n in names if n not in missing)} "
+                "is: a process of a gang needs all three (coordinator host:port, process count, its index)"
+            )
+        count, index = values[NUM_PROCESSES_ENV], values[PROCESS_ID_ENV]
+        if not (count.isdigit() and index.isdigit() and int(index) < int(count)):
+            raise ValueError(
+                f"${NUM_PROCESSES_ENV}={count!r}, ${PROCESS_ID_ENV}={index!r}: expected integers with "
+                "0 <= process id < process count"
+            )
+        return DistributedProcess(values[COORDINATOR_ADDRESS_ENV], int(count), int(index))
 
 
 class Backend:

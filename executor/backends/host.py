@@ -17,20 +17,30 @@ host. The host
 So a heavy step finishes, and records its result, whether or not the driver that started it
 is still alive; a driver started again sees the live lease, waits for the status, and goes
 on downstream without running the step again.
+
+In a gang (a step run by several processes at once: `executor.backends.ray_cluster`) the
+host is process 0: it alone does the above. Before it records anything it asks whether the
+gang was lost meanwhile (`peers_lost`: another process died); then it records nothing and
+says so (`gang_lost`), and the driver submits the whole gang again. The other processes
+only run the function, with their output in a log file of their own (`capture_process_log`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from executor.backends import child_env
 from executor.lease import new_worker_id
@@ -60,11 +70,23 @@ def host_worker_id(driver_worker: str) -> str:
     return f"{driver_worker}/step:{new_worker_id()}"
 
 
-def run_hosted(spec: HostedStep, fn: Any, config: Any) -> dict[str, Any]:
+def run_hosted(
+    spec: HostedStep,
+    fn: Any,
+    config: Any,
+    on_start: Callable[[], None] | None = None,
+    peers_lost: Callable[[bool], str | None] | None = None,
+) -> dict[str, Any]:
     """Run the step here, holding its lease; the outcome as JSON-ready `{"outcome", "error"}`.
 
     outcome: "succeeded", "failed" (the function raised; FAILED is recorded), "lost" (the
-    lease was taken over while it ran; nothing recorded) or "not_started".
+    lease was taken over while it ran; nothing recorded), "not_started", or "gang_lost".
+
+    `on_start`: called once the lease is ours, before the function (process 0 of a gang
+    records where the gang runs). `peers_lost(failed)`: called after the function, still
+    heartbeating, with whether it raised; a reason means another process of the gang was
+    lost, and then nothing is recorded ("gang_lost"): the lease stays with this host, for
+    the driver to take back and submit the gang again.
     """
     from executor.store import open_store
 
@@ -78,15 +100,23 @@ def run_hosted(spec: HostedStep, fn: Any, config: Any) -> dict[str, Any]:
     heartbeat = _start_heartbeat(spec, path, mine)
     start = time.time()
     error: BaseException | None = None
+    gang_lost = None
     try:
-        fn(config)
-    except BaseException as caught:  # SystemExit and KeyboardInterrupt from a step are failures too
-        error = caught
-        traceback.print_exc()
+        try:
+            if on_start is not None:
+                on_start()
+            fn(config)
+        except BaseException as caught:  # SystemExit and KeyboardInterrupt from a step are failures too
+            error = caught
+            traceback.print_exc()
+        if peers_lost is not None:
+            gang_lost = peers_lost(error is not None)
     finally:
         _stop(heartbeat)
         sys.stdout.flush()
         sys.stderr.flush()
+    if gang_lost:
+        return {"outcome": "gang_lost", "error": gang_lost}
     duration = round(time.time() - start, 3)
     current = store.read_bytes(path)
     record = LeaseRecord.parse(current)
@@ -138,3 +168,74 @@ def _stop(heartbeat: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         heartbeat.kill()
         heartbeat.wait()
+
+
+@contextlib.contextmanager
+def capture_process_log(store: Any, target: str) -> Iterator[None]:
+    """This whole process's stdout, stderr and logging also go to the file `target` of the
+    tree (a process of a gang other than 0, alone in its Ray actor's process): written in
+    place on local disk; on an object store written locally and uploaded every
+    `$MARIN_LOG_UPLOAD_INTERVAL` seconds and when it ends."""
+    from executor.logs import LOG_UPLOAD_INTERVAL_ENV
+
+    local = store.local_path(target)
+    if local is not None:
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        handle: IO[str] = open(local, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed below)
+    else:
+        handle = tempfile.NamedTemporaryFile("w+", encoding="utf-8", suffix=".log", delete=False, buffering=1)  # noqa: SIM115
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def upload() -> None:
+        with lock, open(handle.name, "rb") as written:
+            store.write_atomic(target, written.read())
+
+    def upload_now_and_then() -> None:
+        interval = float(os.environ.get(LOG_UPLOAD_INTERVAL_ENV, "") or 15)
+        while not stop.wait(interval):
+            with contextlib.suppress(Exception):  # a storage hiccup: the next upload has it all
+                upload()
+
+    uploader = None if local is not None else threading.Thread(target=upload_now_and_then, daemon=True)
+    if uploader is not None:
+        uploader.start()
+    originals = (sys.stdout, sys.stderr)
+    sys.stdout, sys.stderr = _Tee(originals[0], handle, lock), _Tee(originals[1], handle, lock)
+    handler = logging.StreamHandler(handle)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+        sys.stdout, sys.stderr = originals
+        stop.set()
+        with lock:
+            handle.close()
+        if uploader is not None:
+            uploader.join()
+            try:
+                upload()
+            finally:
+                os.unlink(handle.name)
+
+
+class _Tee:
+    """Writes to the original stream and to the process's log file."""
+
+    def __init__(self, original: Any, handle: IO[str], lock: threading.Lock):
+        self._original, self._handle, self._lock = original, handle, lock
+
+    def write(self, text: str) -> int:
+        with self._lock, contextlib.suppress(ValueError):  # closed: the capture ended
+            self._handle.write(text)
+        return self._original.write(text)
+
+    def flush(self) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._handle.flush()
+        self._original.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._original, name)

@@ -419,3 +419,174 @@ def test_max_retries_is_read_checked_and_reaches_the_executor(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", ["x", "--prefix", str(tmp_path), "--dry_run", "true"])
     main_module.executor_main([])
     assert seen == {"max_retries": 2}  # the Executor's default when the flag is absent
+
+
+# -- gangs: one step run by several processes (on Ray: tests/integration/test_multihost_training.py) --
+
+
+def test_a_gang_process_reads_its_place_from_the_environment():
+    from executor.backends import DistributedProcess
+
+    assert DistributedProcess.from_env({}) is None
+    place = DistributedProcess("10.0.0.2:8476", 4, 3)
+    assert DistributedProcess.from_env(place.env()) == place
+    with pytest.raises(ValueError, match=r"\$MARIN_PROCESS_ID not set"):
+        DistributedProcess.from_env({k: v for k, v in place.env().items() if k != "MARIN_PROCESS_ID"})
+    with pytest.raises(ValueError, match="0 <= process id < process count"):
+        DistributedProcess.from_env({**place.env(), "MARIN_PROCESS_ID": "4"})
+
+
+def test_replicas_and_slices_of_several_hosts_become_gangs_of_one_bundle_per_host():
+    from executor.backends.ray_cluster import _choices
+
+    (cpu,) = _choices(ResourceConfig(cpu=2, ram="1g", replicas=3))
+    assert (cpu.processes, cpu.description) == (3, "CPU x3 replicas")
+    assert cpu.bundles[0] == {"CPU": 2, "memory": 2**30}
+    assert cpu.environment(2, "10.0.0.2:8476", "10.0.0.2") == {
+        "MARIN_COORDINATOR_ADDRESS": "10.0.0.2:8476",
+        "MARIN_NUM_PROCESSES": "3",
+        "MARIN_PROCESS_ID": "2",
+    }
+    (alone,) = _choices(ResourceConfig.with_tpu("v4-8"))  # one host: no gang
+    assert alone.processes == 1 and alone.bundles == ({"CPU": 1, "TPU": 4, "TPU-v4-8-head": 1},)
+    (single_hosts,) = _choices(ResourceConfig.with_tpu("v4-8", slice_count=2))
+    assert single_hosts.bundles == ({"CPU": 1, "TPU": 4, "TPU-v4-8-head": 1},) * 2
+    # a slice of 4 hosts: the head is reserved apart; JAX reads the slice's own metadata, and
+    # two slices talk through Megascale (coordinator on process 0's node)
+    (pods,) = _choices(ResourceConfig.with_tpu("v4-32", slice_count=2))
+    assert (pods.processes, pods.hosts_per_replica, pods.multi_host_slices) == (8, 4, True)
+    assert pods.bundles == ({"CPU": 1, "TPU": 4},) * 8
+    assert pods.environment(5, "unused", "10.0.0.2") == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8081",
+        "MEGASCALE_PORT": "8081",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+    }
+    assert pods.gang_record()["processes"] == 8
+
+
+def node(labels=None, **resources):
+    return {"Alive": True, "Resources": resources, "Labels": labels or {}}
+
+
+def test_a_gang_is_placeable_only_on_as_many_distinct_nodes_that_hold_a_host_each():
+    from executor.backends.ray_cluster import _choices
+
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    assert not pair.placeable([node(CPU=8)])  # one big node is not two hosts
+    assert not pair.placeable([node(CPU=1), node(CPU=0.5)])
+    assert pair.placeable([node(CPU=1), node(CPU=1)])
+    (pod,) = _choices(ResourceConfig.with_tpu("v4-32"))
+
+    def tpu_slice(name, hosts):
+        return [
+            node(
+                {
+                    "ray.io/tpu-slice-name": name,
+                    "ray.io/tpu-pod-type": "v4-32",
+                    "ray.io/tpu-worker-id": str(i),
+                },
+                CPU=8,
+                TPU=4,
+                **({"TPU-v4-32-head": 1} if i == 0 else {}),
+            )
+            for i in range(hosts)
+        ]
+
+    # seven hosts of v4-32 are not one slice of four: they must be one slice's hosts
+    assert not pod.placeable(tpu_slice("a", 3) + tpu_slice("b", 3)[1:] + tpu_slice("c", 1))
+    assert pod.placeable(tpu_slice("a", 3) + tpu_slice("b", 4))
+    (two_pods,) = _choices(ResourceConfig.with_tpu("v4-32", slice_count=2))
+    assert not two_pods.placeable(tpu_slice("a", 3) + tpu_slice("b", 4))
+    assert two_pods.placeable(tpu_slice("a", 4) + tpu_slice("b", 4))
+
+
+def test_an_unplaceable_gang_is_refused_naming_the_step_what_it_asked_and_the_nodes():
+    from executor.backends.ray_cluster import _choices, _unsatisfiable_message
+
+    message = _unsatisfiable_message("train", _choices(ResourceConfig(cpu=2, replicas=4)), [node(CPU=2)] * 3)
+    assert message == (
+        "step 'train' asks for CPU x4 replicas: 4 processes on 4 different nodes, each with 2 CPU, and the live "
+        "nodes of the Ray cluster cannot hold that (nodes: {2 CPU}, {2 CPU}, {2 CPU}). Add such nodes, lower "
+        "ResourceConfig.replicas, change the step's resources, or set $MARIN_RAY_WAIT_FOR_NODES=1 if an "
+        "autoscaler will add them"
+    )
+
+
+def hosted_spec(tmp_path):
+    """A step's lease as the driver hands it over, and the spec a host gets with it."""
+    from executor.backends.host import HostedStep
+    from executor.store import open_store
+    from executor.tree import LeaseRecord, lease_path
+
+    store, output = open_store(str(tmp_path)), str(tmp_path / "step")
+    lease = LeaseRecord(worker="driver:1", heartbeat=time.time()).to_bytes()
+    store.makedirs(output)
+    store.write_atomic(lease_path(output), lease)
+    spec = HostedStep("step", str(tmp_path), output, lease, "driver:1", 5.0, "hash", "digest")
+    return store, spec
+
+
+def collective_cut_short(config) -> None:
+    raise RuntimeError("gloo: connection closed by peer")
+
+
+def test_process_0_of_a_gang_records_nothing_when_another_process_was_lost(tmp_path):
+    from executor.backends.host import run_hosted
+    from executor.tree import LeaseRecord, lease_path
+
+    store, spec = hosted_spec(tmp_path)
+    asked = []
+    result = run_hosted(
+        spec,
+        collective_cut_short,
+        None,
+        on_start=lambda: asked.append("started"),
+        peers_lost=lambda failed: asked.append(failed) or "process 1 of 2 was lost (ActorDiedError)",
+    )
+    assert result == {"outcome": "gang_lost", "error": "process 1 of 2 was lost (ActorDiedError)"}
+    assert asked == ["started", True]
+    assert read_status(store, spec.output_path) == []  # no FAILED: the driver submits the gang again
+    held = LeaseRecord.parse(store.read_bytes(lease_path(spec.output_path)))
+    assert held.worker.startswith("driver:1/step:")  # still the host's, for the driver to take back
+
+
+def test_process_0_of_a_gang_records_a_failure_when_the_others_are_alive(tmp_path):
+    from executor.backends.host import run_hosted
+
+    store, spec = hosted_spec(tmp_path)
+    result = run_hosted(spec, collective_cut_short, None, peers_lost=lambda failed: None)
+    assert result["outcome"] == "failed" and "connection closed by peer" in result["error"]
+    assert [event.status for event in read_status(store, spec.output_path)] == [Status.FAILED]
+
+
+def test_a_gang_process_output_goes_to_a_log_file_of_its_own(tmp_path):
+    import logging
+
+    from executor.backends.host import capture_process_log
+    from executor.store import open_store
+
+    target = str(tmp_path / "step" / "logs" / "process-1.log")
+    stdout = sys.stdout
+    with capture_process_log(open_store(str(tmp_path)), target):
+        print("from print")
+        print("from stderr", file=sys.stderr)
+        logging.getLogger("some.library").warning("from logging")
+    assert sys.stdout is stdout
+    text = Path(target).read_text()
+    assert "from print\n" in text and "from stderr\n" in text and "some.library: from logging" in text
+    print("after")  # no longer captured
+    assert "after" not in Path(target).read_text()
+
+
+def test_a_gang_process_log_on_an_object_store_is_uploaded(tmp_path):
+    import uuid
+
+    from executor.backends.host import capture_process_log
+    from executor.store import open_store
+
+    prefix = f"memory://gang-{uuid.uuid4().hex}"
+    store = open_store(prefix)
+    with capture_process_log(store, f"{prefix}/step/logs/process-2.log"):
+        print("remote line")
+    assert store.read_text(f"{prefix}/step/logs/process-2.log") == "remote line\n"

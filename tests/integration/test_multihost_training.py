@@ -1,0 +1,281 @@
+"""Multi-host training on CPU: one training step run by two JAX processes on two Ray nodes.
+
+A Ray cluster on 127.0.0.1 (`ray.cluster_utils.Cluster`, started and shut down here): a head
+with no CPU and two nodes of one CPU each, so a step asking for `ResourceConfig(replicas=2)`
+can only run as a gang across the two. The step is the project's `operations.train.train` of
+the nano Llama on the tiny corpus of tests/operations/test_train.py; its two processes start
+`jax.distributed` (coordinator on process 0's node) and train data-parallel, their
+collectives through gloo. The reference is the same config trained by one process here.
+
+LOSS_RTOL: two processes sum the gradient of the global batch in another order than one
+process does, so float32 losses differ in their last bits. Measured on this machine (20
+steps, train_batch_size 8): at most 1.5e-7 relative per step (several runs, eval losses
+likewise); the bound is 1e-5, ~60x that, and still 1000x smaller than what a wrong gang
+changes (a process training alone on half the batch, or both on the same half, moves the
+loss by 1e-2 or more from step 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from executor import Executor, ExecutorRunError, ExecutorStep, ResourceConfig
+from executor.tree import Status, read_info, read_status
+from operations.train import TrainConfig, read_metrics, train
+from tests.operations.test_train import checkpoint_steps, nano_config
+from tests.operations.test_train import data as data  # noqa: F401 (the module fixture)
+
+ray = pytest.importorskip("ray")
+
+from executor.backends.ray_cluster import RayBackend  # noqa: E402
+from tests.ray_cluster import loopback_cluster  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LOSS_RTOL = 1e-5
+GANG = ResourceConfig(cpu=1, replicas=2)
+STEPS = 20  # checkpoints at steps 10 and 19
+
+
+@contextlib.contextmanager
+def environment(**values: str | None):
+    before = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """Two one-CPU nodes (and a head with none). The Ray processes inherit this environment:
+    a JAX compilation cache shared by the gangs of this module (the second gang compiles
+    nothing: ~40 s less each), and no W&B service of this process to attach to."""
+    cache = tmp_path_factory.mktemp("jax-compilation-cache")
+    with environment(JAX_COMPILATION_CACHE_DIR=str(cache), WANDB_SERVICE=None, JAX_PLATFORMS="cpu"):
+        node = {"num_cpus": 1}
+        with loopback_cluster(node, node, head_cpus=0) as (cluster, nodes):
+            yield cluster, [n.node_id for n in nodes]
+
+
+def run_gang(cluster, step: ExecutorStep) -> tuple[Executor, float]:
+    executor = Executor(
+        str(Path(step.override_output_path).parent), console=False, backend=RayBackend(cluster.address)
+    )
+    started = time.perf_counter()
+    executor.run([step])
+    return executor, time.perf_counter() - started
+
+
+def gang_step(config, fn=train) -> ExecutorStep:
+    return ExecutorStep(
+        name="train-gang", fn=fn, config=config, resources=GANG, override_output_path=config.output_path
+    )
+
+
+def losses(output: str | Path, key: str = "train/loss") -> dict[int, float]:
+    return {m["step"]: m[key] for m in read_metrics(str(output)) if key in m}
+
+
+def assert_same_curve(actual: dict[int, float], expected: dict[int, float], steps) -> None:
+    steps = list(steps)
+    assert set(steps) <= set(actual) and set(steps) <= set(expected), (sorted(actual), sorted(expected))
+    got, want = np.array([actual[s] for s in steps]), np.array([expected[s] for s in steps])
+    print(
+        f"\nlargest relative difference over steps {steps[0]}..{steps[-1]}: {np.max(np.abs(got - want) / np.abs(want)):.2e}"
+    )
+    np.testing.assert_allclose(got, want, rtol=LOSS_RTOL)
+
+
+def resume_from(source: Path, step: int, destination: Path) -> None:
+    """A new output that holds only `source`'s checkpoint of `step` (as if killed just after it)."""
+    shutil.copytree(source / "checkpoints" / f"step-{step}", destination / "checkpoints" / f"step-{step}")
+
+
+@pytest.fixture(scope="module")
+def single(data, tmp_path_factory):  # noqa: F811
+    """The reference: the same training in one process (this one)."""
+    output = tmp_path_factory.mktemp("single") / "run"
+    train(nano_config(data, output, num_train_steps=STEPS))
+    return output
+
+
+@pytest.fixture(scope="module")
+def gang(two_nodes, data, tmp_path_factory):  # noqa: F811
+    cluster, _ = two_nodes
+    output = tmp_path_factory.mktemp("gang") / "run"
+    executor, seconds = run_gang(cluster, gang_step(nano_config(data, output, num_train_steps=STEPS)))
+    print(f"\ntwo-process training, {STEPS} steps: {seconds:.1f} s")
+    return executor, output
+
+
+def test_two_processes_on_two_nodes_train_the_single_process_loss_curve(single, gang, two_nodes):
+    executor, output = gang
+    assert [event.status for event in read_status(executor.store, str(output))] == [
+        Status.RUNNING,
+        Status.SUCCESS,
+    ]
+    assert_same_curve(losses(output), losses(single), range(STEPS))
+    assert_same_curve(losses(output, "eval/loss"), losses(single, "eval/loss"), [0, 10, 19])
+    # two processes, one device each, on the two nodes
+    dispatch = read_info(executor.store, str(output))["dispatch"]
+    assert dispatch["gang"]["processes"] == 2 and dispatch["gang"]["strategy"] == "STRICT_SPREAD"
+    nodes = [entry["node"] for entry in dispatch["gang"]["processes_on"]]
+    assert sorted(nodes) == sorted(two_nodes[1])
+    host, port = dispatch["gang"]["coordinator"].rsplit(":", 1)
+    assert host == dispatch["gang"]["processes_on"][0]["ip"] and int(port) > 0
+    devices = json.loads((output / "stats.json").read_text())["devices"]
+    assert devices["process_count"] == 2 and devices["count"] == 2
+
+
+def test_each_process_logs_to_a_file_of_its_own_and_only_process_0_keeps_the_books(gang):
+    executor, output = gang
+    dispatch = read_info(executor.store, str(output))["dispatch"]
+    node_0, node_1 = (entry["node"] for entry in dispatch["gang"]["processes_on"])
+    log_0 = (output / ".executor_log").read_text()
+    log_1 = (output / "logs" / "process-1.log").read_text()
+    assert f"process 0 of 2 on Ray node {node_0}" in log_0 and "train: JAX backend cpu, 2 x cpu" in log_0
+    assert f"process 1 of 2 on Ray node {node_1}" in log_1 and "train: JAX backend cpu, 2 x cpu" in log_1
+    assert "process 1 of 2" not in log_0 and "process 0 of 2" not in log_1
+    # one metrics line per step and kind (process 1 logs nothing there), W&B's runs are process 0's
+    steps = [
+        m["step"]
+        for m in map(json.loads, (output / "metrics.jsonl").read_text().splitlines())
+        if "train/loss" in m
+    ]
+    assert (
+        sorted(set(steps)) == list(range(STEPS)) and len(steps) <= STEPS + 1
+    )  # (Levanter logs the last twice)
+    assert (
+        len(list((output / "wandb").glob("offline-run-*"))) == 2
+    )  # Levanter's two wandb.init of one process
+    assert [event.worker.count("/step:") for event in read_status(executor.store, str(output))] == [0, 1]
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(gang, data, tmp_path):  # noqa: F811
+    _, two = gang
+    output = tmp_path / "run"
+    resume_from(two, 10, output)
+    train(nano_config(data, output, num_train_steps=STEPS))
+    stats = json.loads((output / "stats.json").read_text())
+    assert stats["attempts"][0]["resumed_from_step"] == 10 and stats["devices"]["process_count"] == 1
+    assert min(losses(output)) == 11  # continued; nothing before the checkpoint was trained again
+    assert_same_curve(losses(output), losses(two), range(11, STEPS))
+
+
+def test_a_one_process_checkpoint_resumes_in_two_processes(single, two_nodes, data, tmp_path):  # noqa: F811
+    cluster, _ = two_nodes
+    output = tmp_path / "run"
+    resume_from(single, 10, output)
+    run_gang(cluster, gang_step(nano_config(data, output, num_train_steps=STEPS)))
+    stats = json.loads((output / "stats.json").read_text())
+    assert stats["attempts"][0]["resumed_from_step"] == 10 and stats["devices"]["process_count"] == 2
+    assert min(losses(output)) == 11
+    assert_same_curve(losses(output), losses(single), range(11, STEPS))
+
+
+@dataclass(frozen=True)
+class LoseProcessConfig:
+    train: TrainConfig
+    output_path: str
+    process: int = 1
+    after_checkpoint: int = 10
+
+
+def train_losing_a_process_once(config: LoseProcessConfig) -> None:
+    """`train`, but process `config.process` of the gang exits at once -- as if its host were
+    lost -- when checkpoint `after_checkpoint` is complete, the first time only."""
+    marker = Path(config.output_path) / f"lost-process-{config.process}"
+    if os.environ.get("MARIN_PROCESS_ID") == str(config.process) and not marker.exists():
+        checkpoint = (
+            Path(config.output_path) / "checkpoints" / f"step-{config.after_checkpoint}" / "metadata.json"
+        )
+
+        def exit_after_checkpoint():
+            while not checkpoint.exists():
+                time.sleep(0.02)
+            marker.write_text("lost once\n")
+            print(
+                f"process {config.process}: exiting on purpose after checkpoint {config.after_checkpoint}",
+                flush=True,
+            )
+            os._exit(1)
+
+        threading.Thread(target=exit_after_checkpoint, daemon=True).start()
+    train(config.train)
+
+
+def test_a_process_lost_mid_run_stops_the_gang_which_is_resubmitted_and_resumes(two_nodes, data, tmp_path):  # noqa: F811
+    cluster, _ = two_nodes
+    output = tmp_path / "run"
+    steps = 30  # so that the exit at checkpoint 10 comes well before the end
+    config = LoseProcessConfig(
+        train=nano_config(data, output, num_train_steps=steps, epochs=2), output_path=str(output)
+    )
+    executor, _ = run_gang(cluster, gang_step(config, fn=train_losing_a_process_once))
+    history = read_status(executor.store, str(output))
+    assert [event.status for event in history] == [Status.RUNNING, Status.RUNNING, Status.SUCCESS]
+    assert history[1].message == "attempt 2 of 3"
+    assert (output / "lost-process-1").exists()
+    assert "exiting on purpose after checkpoint 10" in (output / "logs" / "process-1.log").read_text()
+    # the driver's side of the step log says why the gang was submitted again
+    assert "process 1 of 2" in (output / ".executor_log").read_text()
+    stats = json.loads((output / "stats.json").read_text())
+    # one finished attempt (the lost one wrote no stats), resumed from the checkpoint, not from 0
+    assert [attempt["resumed_from_step"] for attempt in stats["attempts"]] == [10]
+    assert checkpoint_steps(str(output))[-1] == steps - 1
+    trained = losses(output)
+    assert sorted(trained) == list(range(steps))
+
+
+@dataclass(frozen=True)
+class NothingConfig:
+    output_path: str
+
+
+def never_runs(config: NothingConfig) -> None:
+    raise AssertionError("a refused step ran")
+
+
+def test_a_gang_larger_than_the_cluster_is_refused_naming_the_step_and_what_it_asked(two_nodes, tmp_path):
+    cluster, _ = two_nodes
+    output = str(tmp_path / "out")
+    step = ExecutorStep(
+        name="too-wide",
+        fn=never_runs,
+        config=NothingConfig(output),
+        resources=ResourceConfig(cpu=1, replicas=3),
+        override_output_path=output,
+    )
+    executor = Executor(str(tmp_path), console=False, backend=RayBackend(cluster.address))
+    started = time.time()
+    with pytest.raises(ExecutorRunError) as caught:
+        executor.run([step])
+    assert time.time() - started < 30
+    message = caught.value.failures[0].error
+    assert message.startswith(
+        "step 'too-wide' asks for CPU x3 replicas: 3 processes on 3 different nodes, each with 1 CPU, "
+        "and the live nodes of the Ray cluster cannot hold that (nodes: "
+    ), message
+    assert message.count("{1 CPU}") == 2  # what the nodes have (the head: nothing)
+    assert "lower ResourceConfig.replicas" in message
+    assert read_status(executor.store, output)[-1].status == Status.FAILED
