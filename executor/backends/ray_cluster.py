@@ -678,7 +678,6 @@ def _placement_timeout() -> float | None:
 def _wait_placed(
     ray: Any, step: ResolvedStep, choice: _Choice, group: Any, deadline: float | None, cancelled: Any
 ) -> None:
-    waiting_since = time.monotonic()
     while True:
         ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_POLL_S)
         if ready:
@@ -695,7 +694,7 @@ def _wait_placed(
         if deadline is not None and time.monotonic() > deadline:
             raise StepFunctionError(
                 f"its gang ({_describe_choice(choice)}) was not placed within "
-                f"{time.monotonic() - waiting_since:.0f} s (${PLACEMENT_TIMEOUT_ENV}); the hosts are busy"
+                f"{_placement_timeout():g} s (${PLACEMENT_TIMEOUT_ENV}); the hosts are busy"
             )
 
 

@@ -279,3 +279,85 @@ def test_a_gang_larger_than_the_cluster_is_refused_naming_the_step_and_what_it_a
     assert message.count("{1 CPU}") == 2  # what the nodes have (the head: nothing)
     assert "lower ResourceConfig.replicas" in message
     assert read_status(executor.store, output)[-1].status == Status.FAILED
+
+
+# -- the gang itself, with a step function that trains nothing (seconds, not minutes) ----------
+
+
+def where_am_i(config: NothingConfig) -> None:
+    """Each process of the gang writes its place in it and its Ray node to the output."""
+    import ray as ray_on_worker
+
+    index = os.environ["MARIN_PROCESS_ID"]
+    node = ray_on_worker.get_runtime_context().get_node_id()
+    Path(config.output_path, f"process-{index}").write_text(
+        f"{index} {os.environ['MARIN_NUM_PROCESSES']} {os.environ['MARIN_COORDINATOR_ADDRESS']} {node}\n"
+    )
+
+
+def gang_leftovers() -> list[str]:
+    """Placement groups of the executor's gangs still reserved, and its actors still alive."""
+    groups = [
+        info["name"]
+        for info in ray.util.placement_group_table().values()
+        if info.get("name", "").startswith("marin-gang:") and info.get("state") != "REMOVED"
+    ]
+    actors = [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith("marin-step:")
+    ]
+    return groups + actors
+
+
+def test_the_processes_of_a_gang_run_on_distinct_nodes_even_where_one_node_could_hold_them_all(
+    two_nodes, tmp_path
+):
+    cluster, node_ids = two_nodes
+    output = tmp_path / "out"
+    step = ExecutorStep(
+        name="where",
+        fn=where_am_i,
+        config=NothingConfig(str(output)),
+        resources=ResourceConfig(cpu=0.5, replicas=2),  # both halves would fit on one node
+        override_output_path=str(output),
+    )
+    executor, _ = run_gang(cluster, step)
+    places = [(output / f"process-{index}").read_text().split() for index in range(2)]
+    assert [place[:2] for place in places] == [["0", "2"], ["1", "2"]]
+    assert places[0][2] == places[1][2]  # one coordinator, process 0's
+    assert sorted(place[3] for place in places) == sorted(node_ids)
+    assert [event.status for event in read_status(executor.store, str(output))] == [
+        Status.RUNNING,
+        Status.SUCCESS,
+    ]
+    assert (output / "logs" / "process-1.log").exists() and not (output / "logs" / "process-0.log").exists()
+    deadline = time.time() + 30  # the driver removes the gang when it has its result
+    while gang_leftovers() and time.time() < deadline:
+        time.sleep(0.2)
+    assert gang_leftovers() == []
+
+
+def test_a_gang_not_placed_within_the_placement_timeout_is_a_lost_attempt_and_leaves_nothing(
+    two_nodes, tmp_path
+):
+    cluster, _ = two_nodes
+    output = tmp_path / "out"
+    step = ExecutorStep(
+        name="waits",
+        fn=never_runs,
+        config=NothingConfig(str(output)),
+        resources=ResourceConfig(cpu=1, replicas=3),  # three hosts; the cluster has two
+        override_output_path=str(output),
+    )
+    executor = Executor(str(tmp_path), console=False, backend=RayBackend(cluster.address), max_retries=0)
+    with environment(MARIN_RAY_WAIT_FOR_NODES="1", MARIN_RAY_PLACEMENT_TIMEOUT="3"):
+        started = time.time()
+        with pytest.raises(ExecutorRunError) as caught:
+            executor.run([step])
+    assert time.time() - started < 30
+    message = caught.value.failures[0].error
+    assert "was not placed within 3 s ($MARIN_RAY_PLACEMENT_TIMEOUT)" in message, message
+    assert "(after 1 attempts)" in message
+    assert read_status(executor.store, str(output))[-1].status == Status.FAILED
+    assert gang_leftovers() == []
