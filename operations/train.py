@@ -12,7 +12,8 @@ Hugging Face export are Levanter's. The output directory:
     <output_path>/metrics.jsonl           JSON lines {"step": N, metric: value, ...}, one per Levanter
                                           log call (a few per step; `read_metrics` merges them per
                                           step): train/loss, optim/learning_rate, eval/loss (on eval
-                                          steps), throughput/tokens_per_second, grad/norm/total, ...
+                                          steps), throughput/tokens_per_second, grad/norm/total, ...;
+                                          at each attempt's first step, devices/* (below)
     <output_path>/logs/<run id>.log.log   Levanter's log file
     <output_path>/wandb/                  W&B's offline run (sync later with `wandb sync`)
     <output_path>/attempts.json           one entry per completed attempt: resumed_from_step, seconds
@@ -53,9 +54,14 @@ one (`wandb_group` and `wandb_tags` label the W&B run too; the JSON logger has n
 Trainer -- so each attempt leaves two offline-run folders with the same run id.)
 
 Devices: before training starts, `train` logs at WARNING level which devices JAX uses
-(backend, kind, count, memory) and records them in stats.json. On a machine with an NVIDIA
-GPU whose JAX has no CUDA it says so loudly: install the `gpu` extra (`pip install -e
-'.[gpu]'`, JAX with CUDA 12 at the pinned version) or training runs on the CPU.
+(backend, kind, count, memory) and records them in metrics.jsonl (`devices/backend`,
+`devices/kind`, `devices/count`, `devices/process_count`, `devices/memory_bytes_per_device`,
+at the attempt's first step) and in stats.json (the executor adds the same to
+`.executor_info` as `devices`, for any step that used JAX). On a machine with an NVIDIA GPU
+whose JAX has no CUDA it says so loudly: install the `gpu` extra (`pip install -e '.[gpu]'`,
+JAX with CUDA 12 at the pinned version) or training runs on the CPU. With
+`TrainConfig.require_accelerator` it fails instead, first thing (`check_accelerator`),
+naming the output and that fix.
 
 Clusters: `jax.distributed` must start before anything initialises a JAX backend, and this
 module asks JAX for its devices (the log line above, the precision) before Levanter's main
@@ -63,7 +69,12 @@ would start it. So `initialize_distributed` starts it first, where JAX itself de
 cluster (TPU VMs, SLURM, ...), and Levanter is told not to. It also fixes a Levanter
 1.2.dev1644 misreading: Levanter takes an installed mpi4py for a cluster (JAX uses mpi4py
 only when asked to), so on a single machine that has mpi4py -- the lent H100 of
-docs/gpu.md -- its own start failed.
+docs/gpu.md -- its own start failed. In a multi-host step the executor started (its Ray
+backend: docs/cluster.md, "Multi-host training") the environment names the coordinator, the
+process count and this process's index (`gang_from_env`); then `jax.distributed` starts with
+those (CPU collectives through gloo), every process trains its share of the global batch, and
+only process 0 (`primary_process`) writes metrics.jsonl, attempts.json, stats.json, Levanter's
+log, the W&B run and the HF reference config; each process writes its part of the checkpoints.
 
 JAX and Levanter are imported inside the functions: importing this module stays light.
 """
@@ -382,6 +393,8 @@ def run_id(output_path: str) -> str:
 def train(config: TrainConfig) -> None:
     """Train (or resume, or return if already finished) and write stats.json."""
     _check(config)
+    if config.require_accelerator:
+        check_accelerator(config.output_path)
     configure_buckets()
     with using_input_copies():  # a tokenizer on a bucket is read through a temporary copy
         _train(config)
@@ -412,7 +425,9 @@ def _train(config: TrainConfig) -> None:
         _truncate_metrics(join(config.output_path, METRICS_FILE), resume_step)
     from levanter.main.train_lm import main
 
-    announce_devices()
+    devices = announce_devices()
+    if primary:
+        _log_devices(config, devices, 0 if resume_step is None else resume_step + 1)
 
     # JAX's checkpoint serializer logs an INFO line per array written; that drowns the
     # executor's progress lines. The full story stays in the step's log at WARNING and up.
@@ -452,17 +467,15 @@ def _local_files_directory(config: TrainConfig, preload: tuple[str, ...]) -> Ite
 
 def initialize_distributed() -> bool:
     """Start `jax.distributed` (through Levanter's `DistributedConfig`) in a process of a gang
-    the executor started (`executor.backends.DistributedProcess`: coordinator, process count
-    and index in the environment), or where JAX detects a cluster; once per process, before
+    the executor started (`gang_from_env`: coordinator, process count and index in the
+    environment), or where JAX detects a cluster; once per process, before
     the first JAX call of this module. Returns whether it is started."""
     import jax
     from jax._src import clusters
 
-    from executor.backends import DistributedProcess
-
     if jax.distributed.is_initialized():
         return True
-    gang = DistributedProcess.from_env()
+    gang = gang_from_env()
     if gang is not None:
         from levanter.distributed import DistributedConfig
 
@@ -471,9 +484,9 @@ def initialize_distributed() -> bool:
         # before JAX's backends start, as must jax.distributed.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         DistributedConfig(
-            coordinator_address=gang.coordinator_address,
-            num_processes=gang.num_processes,
-            process_id=gang.process_id,
+            coordinator_address=gang[0],
+            num_processes=gang[1],
+            process_id=gang[2],
         ).initialize()
         return True
     # JAX's own auto-detection (clusters.ClusterEnv.auto_detect_unset_distributed_params) skips
@@ -486,6 +499,30 @@ def initialize_distributed() -> bool:
 
     DistributedConfig().initialize()
     return True
+
+
+GANG_ENV = ("MARIN_COORDINATOR_ADDRESS", "MARIN_NUM_PROCESSES", "MARIN_PROCESS_ID")
+"""Where the executor's Ray backend tells each process of a multi-host step its place in it
+(`executor.backends.DistributedProcess` writes them; operations never import the executor, so
+the names are repeated here and tests/executor/test_backends.py keeps both sides equal)."""
+
+
+def gang_from_env(environ: Any = None) -> tuple[str, int, int] | None:
+    """(coordinator `host:port`, process count, this process's index) when this process is one
+    of a multi-host step's (`GANG_ENV` set), else None. ValueError naming the variables when
+    they are set but incomplete or malformed."""
+    environ = os.environ if environ is None else environ
+    values = [environ.get(name, "").strip() for name in GANG_ENV]
+    if not any(values):
+        return None
+    address, count, index = values
+    if not (address and count.isdigit() and index.isdigit() and int(index) < int(count)):
+        shown = ", ".join(f"${name}={value!r}" for name, value in zip(GANG_ENV, values, strict=True))
+        raise ValueError(
+            f"{shown}: a process of a multi-host step needs all three: the coordinator's host:port, "
+            "the process count and its index (0 <= index < count)"
+        )
+    return address, int(count), int(index)
 
 
 def primary_process() -> bool:
@@ -517,6 +554,44 @@ def describe_devices() -> dict[str, Any]:
         "process_count": jax.process_count(),
         "memory_bytes_per_device": memory,
     }
+
+
+def check_accelerator(output_path: str) -> None:
+    """RuntimeError, before anything is read or trained, when JAX sees only a CPU: naming the
+    output, what JAX it is and what to install (`TrainConfig.require_accelerator`)."""
+    import jax
+
+    devices = describe_devices()
+    if devices["backend"] != "cpu":
+        return
+    present = (
+        "; an NVIDIA GPU is present on this machine, but this JAX has no CUDA support"
+        if nvidia_gpu_present()
+        else ""
+    )
+    raise RuntimeError(
+        f"{output_path}: TrainConfig.require_accelerator is set, but JAX {jax.__version__} sees only "
+        f"a CPU ({devices['count']} x {devices['kind']}){present}. Install the gpu extra: "
+        "pip install -e '.[gpu]' (jax[cuda12] at the pinned version; on a TPU VM, jax[tpu] at that "
+        "version), or set require_accelerator=False to train on the CPU"
+    )
+
+
+def _log_devices(config: TrainConfig, devices: dict[str, Any], step: int) -> None:
+    """The devices this attempt trains on, as one metrics.jsonl line at its first step
+    (`devices/backend`, `devices/kind`, `devices/count`, `devices/process_count`,
+    `devices/memory_bytes_per_device`); a resumed attempt adds its own."""
+    path = join(config.output_path, METRICS_FILE)
+    line = json.dumps({"step": step, **{f"devices/{k}": v for k, v in devices.items()}}, sort_keys=True)
+    if is_local(path):
+        local = path.removeprefix("file://")
+        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+        with open(local, "a") as handle:
+            handle.write(line + "\n")
+        return
+    lines = _read_lines(path)
+    with fsspec.open(path, "w") as handle:
+        handle.writelines([*lines, line + "\n"])
 
 
 def nvidia_gpu_present() -> bool:

@@ -10,9 +10,10 @@ host. The host
 2. starts its heartbeat in a separate process (`executor.backends.heartbeat`: no shared GIL
    with the step; it kills this process the moment the lease is taken over);
 3. runs `fn(config)`;
-4. stops the heartbeat, checks the lease is still its own, appends SUCCESS (or FAILED with
-   the error) and deletes the lease -- the same final bookkeeping the runner does for a
-   step in the driver.
+4. stops the heartbeat; if the step started JAX, adds the devices it got to `.executor_info`
+   (`devices`: backend, kind, count, process count, memory per device; `jax_devices`);
+   checks the lease is still its own, appends SUCCESS (or FAILED with the error) and deletes
+   the lease -- the same final bookkeeping the runner does for a step in the driver.
 
 So a heavy step finishes, and records its result, whether or not the driver that started it
 is still alive; a driver started again sees the live lease, waits for the status, and goes
@@ -122,6 +123,7 @@ def run_hosted(
     record = LeaseRecord.parse(current)
     if record is None or record.worker != worker:
         return {"outcome": "lost", "error": "the lease was taken over by another driver while the step ran"}
+    _record_devices(store, spec.output_path)
     try:
         if error is not None:
             message = f"{type(error).__name__}: {error}"
@@ -141,6 +143,44 @@ def run_hosted(
     finally:
         if not store.compare_and_swap(path, current, None):
             print(f"the lease on {spec.output_path} was no longer ours at release", file=sys.stderr)
+
+
+def jax_devices() -> dict[str, Any] | None:
+    """The devices JAX gave this process -- backend, device kind, count (all processes'),
+    process count, memory per device where JAX knows it -- or None when the step did not
+    start JAX here. Never imports JAX (the executor does not depend on it)."""
+    jax = sys.modules.get("jax")
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if jax is None or bridge is None or not bridge.backends_are_initialized():
+        return None
+    devices = jax.devices()
+    try:
+        memory = (devices[0].memory_stats() or {}).get("bytes_limit")
+    except Exception:  # the CPU backend has no memory stats
+        memory = None
+    return {
+        "backend": jax.default_backend(),
+        "kind": devices[0].device_kind,
+        "count": len(devices),
+        "process_count": jax.process_count(),
+        "memory_bytes_per_device": memory,
+    }
+
+
+def _record_devices(store: Any, output_path: str) -> None:
+    """`devices` in `.executor_info`, when the step used JAX (a record, never a failure)."""
+    from executor.tree import read_info, write_info
+
+    try:
+        devices = jax_devices()
+        info = read_info(store, output_path) if devices is not None else None
+        if info is not None:
+            write_info(store, {**info, "devices": devices})
+    except Exception as error:  # noqa: BLE001 (what JAX or storage raise here must not fail the step)
+        print(
+            f"[executor] could not record the step's devices: {type(error).__name__}: {error}",
+            file=sys.stderr,
+        )
 
 
 def _start_heartbeat(spec: HostedStep, path: str, mine: bytes) -> subprocess.Popen:

@@ -590,3 +590,56 @@ def test_a_gang_process_log_on_an_object_store_is_uploaded(tmp_path):
     with capture_process_log(store, f"{prefix}/step/logs/process-2.log"):
         print("remote line")
     assert store.read_text(f"{prefix}/step/logs/process-2.log") == "remote line\n"
+
+
+def test_the_training_operation_reads_the_place_the_executor_gives_a_gang_process():
+    # operations never import the executor: the variable names are repeated there
+    from executor.backends import DistributedProcess
+    from operations.train import GANG_ENV, gang_from_env
+
+    place = DistributedProcess("10.0.0.2:8476", 4, 3)
+    assert tuple(place.env()) == GANG_ENV
+    assert gang_from_env(place.env()) == ("10.0.0.2:8476", 4, 3)
+    assert gang_from_env({}) is None
+    with pytest.raises(ValueError, match=r"\$MARIN_PROCESS_ID=''"):
+        gang_from_env({k: v for k, v in place.env().items() if k != "MARIN_PROCESS_ID"})
+
+
+def uses_jax(config) -> None:
+    import jax.numpy as jnp
+
+    assert float(jnp.ones(3).sum()) == 3.0
+
+
+def test_a_hosted_step_that_used_jax_records_its_devices_in_executor_info(tmp_path):
+    import jax
+
+    from executor.backends.host import run_hosted
+    from executor.tree import read_info, write_info
+
+    store, spec = hosted_spec(tmp_path)
+    write_info(store, {"name": "step", "output_path": spec.output_path, "dispatch": {"backend": "local"}})
+    assert run_hosted(spec, uses_jax, None)["outcome"] == "succeeded"
+    devices = read_info(store, spec.output_path)["devices"]
+    assert devices["backend"] == jax.default_backend() and devices["kind"] == jax.devices()[0].device_kind
+    assert devices["count"] == len(jax.devices()) and devices["process_count"] == 1
+    assert "memory_bytes_per_device" in devices  # None on a CPU
+
+
+def test_devices_are_described_only_where_the_step_started_jax_and_jax_is_never_imported_for_it():
+    code = (
+        "import sys; from executor.backends.host import jax_devices; "
+        "assert jax_devices() is None and 'jax' not in sys.modules; "
+        "import jax; assert jax_devices() is None; "  # imported, no backend started yet
+        "jax.numpy.ones(1); print(jax_devices()['backend'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=str(Path(__file__).parents[2]),
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "cpu"

@@ -145,6 +145,11 @@ def test_two_processes_on_two_nodes_train_the_single_process_loss_curve(single, 
     assert host == dispatch["gang"]["processes_on"][0]["ip"] and int(port) > 0
     devices = json.loads((output / "stats.json").read_text())["devices"]
     assert devices["process_count"] == 2 and devices["count"] == 2
+    # and the same in .executor_info (process 0's record) and in the metrics at the first step
+    assert read_info(executor.store, str(output))["devices"] == devices
+    assert {k: v for k, v in read_metrics(str(output))[0].items() if k.startswith("devices/")} == {
+        f"devices/{k}": v for k, v in devices.items()
+    }
 
 
 def test_each_process_logs_to_a_file_of_its_own_and_only_process_0_keeps_the_books(gang):
@@ -189,6 +194,7 @@ def test_a_one_process_checkpoint_resumes_in_two_processes(single, two_nodes, da
     run_gang(cluster, gang_step(nano_config(data, output, num_train_steps=STEPS)))
     stats = json.loads((output / "stats.json").read_text())
     assert stats["attempts"][0]["resumed_from_step"] == 10 and stats["devices"]["process_count"] == 2
+    assert [m["step"] for m in read_metrics(str(output)) if m.get("devices/process_count") == 2] == [11]
     assert min(losses(output)) == 11
     assert_same_curve(losses(output), losses(single), range(11, STEPS))
 
@@ -360,4 +366,47 @@ def test_a_gang_not_placed_within_the_placement_timeout_is_a_lost_attempt_and_le
     assert "was not placed within 3 s ($MARIN_RAY_PLACEMENT_TIMEOUT)" in message, message
     assert "(after 1 attempts)" in message
     assert read_status(executor.store, str(output))[-1].status == Status.FAILED
+    assert gang_leftovers() == []
+
+
+def attempt_number(config: NothingConfig) -> int:
+    from executor.store import open_store
+
+    return sum(
+        event.status == Status.RUNNING
+        for event in read_status(open_store(config.output_path), config.output_path)
+    )
+
+
+def process_1_lost_while_process_0_hangs(config: NothingConfig) -> None:
+    """First attempt: process 1 dies at once, process 0 waits for 90 s, as a process blocked in a
+    collective with a dead peer may; later attempts finish at once."""
+    first = attempt_number(config) == 1
+    if first and os.environ["MARIN_PROCESS_ID"] == "1":
+        os._exit(1)
+    if first:
+        time.sleep(90)
+        Path(config.output_path, "process-0-woke").write_text("the gang was not stopped\n")
+
+
+def test_the_driver_stops_the_whole_gang_when_a_process_dies_and_submits_it_again(two_nodes, tmp_path):
+    cluster, _ = two_nodes
+    output = tmp_path / "out"
+    output.mkdir()
+    step = ExecutorStep(
+        name="lossy",
+        fn=process_1_lost_while_process_0_hangs,
+        config=NothingConfig(str(output)),
+        resources=GANG,
+        override_output_path=str(output),
+    )
+    executor, seconds = run_gang(cluster, step)
+    assert seconds < 60, seconds  # not the 90 s process 0 of the first attempt would have waited
+    history = read_status(executor.store, str(output))
+    assert [event.status for event in history] == [Status.RUNNING, Status.RUNNING, Status.SUCCESS]
+    assert history[1].message == "attempt 2 of 3"
+    assert not (output / "process-0-woke").exists()
+    deadline = time.time() + 30
+    while gang_leftovers() and time.time() < deadline:
+        time.sleep(0.2)
     assert gang_leftovers() == []

@@ -392,3 +392,58 @@ def test_wandb_is_offline_unless_the_user_configured_it(monkeypatch, tmp_path):
     (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
     (tmp_path / ".netrc").chmod(0o600)
     assert wandb_mode() == "online"
+
+
+def test_require_accelerator_fails_fast_on_a_cpu_naming_the_output_and_what_to_install(
+    data, tmp_path, monkeypatch
+):
+    import jax
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("JAX sees an accelerator here")
+    from dataclasses import replace
+
+    import operations.train as train_module
+
+    config = replace(nano_config(data, tmp_path / "run"), require_accelerator=True)
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError) as caught:
+        train(config)
+    assert time.perf_counter() - started < 10  # nothing read, compiled or trained
+    message = str(caught.value)
+    assert message.startswith(f"{config.output_path}: TrainConfig.require_accelerator is set, but JAX ")
+    assert "sees only a CPU" in message and "pip install -e '.[gpu]'" in message
+    assert "NVIDIA GPU is present" not in message
+    assert not (tmp_path / "run").exists()
+    # where a GPU is present but this JAX cannot use it, the message says so
+    monkeypatch.setattr(train_module, "nvidia_gpu_present", lambda: True)
+    with pytest.raises(
+        RuntimeError, match="an NVIDIA GPU is present on this machine, but this JAX has no CUDA"
+    ):
+        train(config)
+
+
+@pytest.mark.slow
+def test_each_attempt_logs_the_devices_it_trains_on_in_the_metrics_at_its_first_step(data, tmp_path):
+    import jax
+
+    config = nano_config(data, tmp_path / "run", num_train_steps=12, steps_per_eval=100)
+    train(config)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    devices = [row for row in rows if "devices/backend" in row]
+    assert devices == [
+        {
+            "step": 0,
+            "devices/backend": jax.default_backend(),
+            "devices/kind": jax.devices()[0].device_kind,
+            "devices/count": len(jax.devices()),
+            "devices/process_count": 1,
+            "devices/memory_bytes_per_device": devices[0]["devices/memory_bytes_per_device"],
+        }
+    ]
+    # killed after checkpoint 10: the resumed attempt logs its devices at step 11
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step-11")
+    (tmp_path / "run" / "stats.json").unlink()
+    train(config)
+    steps = [m["step"] for m in read_metrics(config.output_path) if "devices/backend" in m]
+    assert steps == [0, 11]
