@@ -8,6 +8,7 @@
     marin reproduce <step> --into NEW     rebuild it into NEW and compare the outputs
     marin gc [--yes]                 unreferenced, failed and abandoned outputs (delete with --yes)
     marin leaderboard [PATTERN]      training runs ranked on equal tokens by eval loss (or --by bpb)
+    marin predictions [PATTERN]      pre-registered loss predictions and their outcomes
     marin browse [--port N]          the web browser
 
 The tree is read through the executor's store, so every command works on local disk
@@ -42,6 +43,8 @@ from marin.outputs import (
     human_size,
     iso_age,
 )
+from marin.predictions import describe as describe_prediction
+from marin.predictions import prediction_of, predictions
 from marin.reproduce import ReproduceError, reproduce, source_prefix
 
 
@@ -157,14 +160,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     tree = _tree(args)
     step = _find(tree, args.ref)
     info = step.info or {}
+    prediction = prediction_of(tree, step)
     if args.json:
-        print(
-            json.dumps(
-                {"path": step.path, "info": info, "status": [e.__dict__ for e in step.history]},
-                default=str,
-                indent=2,
-            )
-        )
+        shown = {"path": step.path, "info": info, "status": [e.__dict__ for e in step.history]}
+        if prediction is not None:
+            shown["prediction"] = prediction.as_json()
+        print(json.dumps(shown, default=str, indent=2))
         return 0
     others = [s.relpath for s in tree.versions_of(step.name) if s.path != step.path]
     print(f"{step.name}  [{step.status}]")
@@ -185,6 +186,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         )
     if run.get("experiment"):
         print(f"  experiment:  {run['experiment']}")
+    if prediction is not None:
+        print()
+        print("\n".join(describe_prediction(prediction)))
     print("\ninputs:")
     for dep in step.dependencies:
         upstream = tree.by_path.get(str(dep.get("output_path")))
@@ -444,6 +448,38 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- predictions ---------------------------------------------------------------
+def cmd_predictions(args: argparse.Namespace) -> int:
+    tree = _tree(args)
+    try:
+        found = predictions(tree, args.pattern)
+    except ValueError as error:
+        raise CliError(str(error)) from error
+    if args.json:
+        print(json.dumps([prediction.as_json() for prediction in found], indent=2))
+        return 0
+    if not found:
+        where = f" matching {args.pattern!r}" if args.pattern else ""
+        print(f"no predictions{where} under {tree.prefix}")
+        return 0
+    rows = [
+        [
+            p.step.relpath,
+            p.target_label or "?",
+            _fixed(p.predicted_loss),
+            f"[{p.interval[0]:.4f}, {p.interval[1]:.4f}]" if p.interval else "-",
+            _fixed(p.actual_loss),
+            f"{p.relative_error:+.2%}" if p.relative_error is not None else "-",
+            p.verdict,
+            {True: "yes", False: "NO", None: "-"}[p.preregistered],
+        ]
+        for p in found
+    ]
+    header = ["PREDICTION", "TARGET", "PREDICTED", "INTERVAL", "ACTUAL", "ERROR", "VERDICT", "PRE-REGISTERED"]
+    print(_table(rows, header))
+    return 0
+
+
 def _fixed(value: float | None) -> str:
     return f"{value:.4f}" if value is not None else "-"
 
@@ -523,6 +559,13 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--by", choices=METRICS, default="loss", help="final eval/loss (default) or eval/bpb")
     board.add_argument("--json", action="store_true", help="machine-readable output")
     board.set_defaults(fn=cmd_leaderboard)
+
+    predicted = commands.add_parser(
+        "predictions", parents=[common], help="pre-registered loss predictions and their outcomes"
+    )
+    predicted.add_argument("pattern", nargs="?", help="a regex over the prediction steps' names")
+    predicted.add_argument("--json", action="store_true", help="machine-readable output")
+    predicted.set_defaults(fn=cmd_predictions)
 
     browse = commands.add_parser("browse", parents=[common], help="start the web browser and print its URL")
     browse.add_argument("--port", type=int, default=8765, help="port (0: any free one)")

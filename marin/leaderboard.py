@@ -28,7 +28,13 @@ from typing import Any
 from executor.diffing import flatten
 from marin.outputs import OutputTree, RefError, StepOutput, TreeFileError
 
-TRAINING_FUNCTIONS = frozenset({"operations.train:train", "operations.hub:train_with_hub_tokenizer"})
+TRAINING_FUNCTIONS = frozenset(
+    {
+        "operations.train:train",
+        "operations.hub:train_with_hub_tokenizer",
+        "operations.scaling_laws:train_preregistered",
+    }
+)
 """`fn_name`s of the step functions whose outputs are training runs."""
 
 METRICS = ("loss", "bpb")

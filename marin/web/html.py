@@ -130,6 +130,7 @@ def page(title: str, body: str, prefix: str) -> str:
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>{esc(title)} \u2014 marin browse</title><style>{CSS}</style></head><body>"
         f'<header><a href="/">Experiments</a><a href="/steps">All steps</a><a href="/leaderboard">Leaderboard</a>'
+        '<a href="/predictions">Predictions</a>'
         f'<span class="prefix" title="prefix">{esc(prefix)}</span></header>'
         f"<main>{body}</main></body></html>"
     )

@@ -10,6 +10,7 @@ URL scheme (every `<rel>` is a path relative to the prefix, checked by `safety`)
     /file/<rel>?offset=N      a file, one page at a time (or a directory listing)
     /compare/<rel>?offset=N   the documents of one shard across consecutive steps
     /leaderboard?q=P&by=loss  training runs ranked on equal tokens (`marin.leaderboard`)
+    /predictions?q=P          pre-registered predictions and their outcomes (`marin.predictions`)
     /raw/<rel>                the file's bytes (streamed, as text/plain or octet-stream)
 
 Each request reads the tree afresh (nothing is cached between requests, so a page is
@@ -35,13 +36,13 @@ from urllib.parse import parse_qs
 
 from executor.store import Store, normalize_prefix, open_store
 from executor.tree import INFO_FILE, LEASE_FILE, LOG_FILE, STATUS_FILE
-from marin import leaderboard
+from marin import leaderboard, predictions
 from marin.outputs import Experiment, OutputTree, StepOutput, human_duration, human_size, iso_age
 
 from . import files as filepages
 from .html import badge, esc, kv, link, num, page, pager, pretty_json, table, url
 from .safety import PrefixGuard, Refused, Target, check_relpath, decode_path
-from .svg import Node, dag_svg, line_chart
+from .svg import Node, dag_svg, interval_chart, line_chart, status_colours
 
 FILES_PER_PAGE = 300
 DIR_ENTRIES_PER_PAGE = 500
@@ -52,6 +53,7 @@ RAW_SOURCE_BYTES = 4000
 SMALL_JSON_BYTES = 1 << 20
 CHAIN_LIMIT = 12
 STREAM_CHUNK = 1 << 16
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRIC_KEYS = ("train/loss", "eval/loss", "optim/learning_rate")
 
 
@@ -124,6 +126,7 @@ class App:
             "compare": self.compare,
             "raw": self.raw,
             "leaderboard": self.leaderboard,
+            "predictions": self.predictions,
         }
 
     # -- dispatch -------------------------------------------------------------
@@ -258,6 +261,86 @@ class App:
                 header, rows, "board"
             )
         return self.html("Leaderboard", body)
+
+    def predictions(self, tree: _Tree, rest: str, params: dict) -> Response:
+        if rest:
+            raise Refused(404, "no such page")
+        pattern = (params.get("q") or [""])[0].strip() or None
+        try:
+            found = predictions.predictions(tree, pattern)
+        except ValueError as error:
+            raise Refused(400, str(error)) from None
+        body = (
+            "<h1>Predictions</h1>"
+            f'<form method="get" action="/predictions"><input name="q" value="{esc(pattern or "")}" '
+            'placeholder="step-name pattern"> <button>filter</button> '
+            "final eval loss predicted before the target trained (band: the interval, diamond: the "
+            "prediction, dot: the outcome)</form>"
+        )
+        if not found:
+            body += '<p class="muted">no predictions' + (
+                f" matching {esc(pattern)}</p>" if pattern else "</p>"
+            )
+            return self.html("Predictions", body)
+        rows = [
+            [
+                link(url("step", p.step.relpath), p.step.relpath),
+                esc(p.target_label or "?"),
+                num(_fmt_or_dash(p.predicted_loss)),
+                num(_fmt_or_dash(p.actual_loss)),
+                num(f"{p.relative_error:+.2%}" if p.relative_error is not None else "-"),
+                _verdict_html(p),
+                interval_chart(p.predicted_loss, p.interval, p.actual_loss, width=300, height=52),
+            ]
+            for p in found
+        ]
+        header = ["prediction", "target", "predicted", "actual", "error", "verdict", "interval"]
+        return self.html("Predictions", body + table(header, rows, "predictions"))
+
+    def prediction_html(self, prediction: predictions.Prediction) -> str:
+        """The prediction section of a prediction's, its target's or its report's step page."""
+        p = prediction
+        if p.problem:
+            return f'<h2>Prediction</h2><p class="muted">not read: {esc(p.problem)}</p>'
+        interval = (
+            f"[{p.interval[0]:.4f}, {p.interval[1]:.4f}] ({esc(_percent(p.confidence))})"
+            if p.interval
+            else "none"
+        )
+        rows = [
+            ("prediction", self.step_link(p.step.path)),
+            ("target", esc(p.target_label or "?")),
+            ("predicted final eval loss", num(_fmt_or_dash(p.predicted_loss))),
+            ("interval", num(interval)),
+            ("written", esc(p.created_at or "?") + ("" if p.intact else " <b>EDITED since</b>")),
+            (
+                "target run",
+                f"{self.step_link(p.target.path)} {badge(p.target.status)}"
+                if p.target
+                else '<span class="muted">no training step depends on it yet</span>',
+            ),
+            ("training started", esc(p.training_started_at or "")),
+            ("actual", num(_fmt_or_dash(p.actual_loss))),
+            ("error", num(f"{p.relative_error:+.2%}" if p.relative_error is not None else "-")),
+            ("verdict", _verdict_html(p)),
+            (
+                "pre-registered",
+                {
+                    True: "yes",
+                    False: "<b>no</b>: " + esc("; ".join(predictions._failed_checks(p))),
+                    None: "-",
+                }[p.preregistered],
+            ),
+        ]
+        if p.report is not None:
+            rows.append(("report", f"{self.step_link(p.report.path)} {badge(p.report.status)}"))
+        html = "<h2>Prediction</h2>" + interval_chart(p.predicted_loss, p.interval, p.actual_loss) + kv(rows)
+        if p.report is not None and p.report.status == "SUCCESS":
+            plot = f"{p.report.relpath}/{predictions.PLOT_FILE}"
+            html += (
+                f'<p><img class="plot" alt="prediction against the fit" src="{esc(url("raw", plot))}"></p>'
+            )
+        return html
 
     def all_steps(self, tree: _Tree, _rest: str, _params: dict) -> Response:
         rows = [
@@ -431,6 +514,9 @@ class App:
             )
         has_metrics = any(relname == "metrics.jsonl" for relname, _size in all_files)
         body = [f"<h1>{esc(step.name)} {badge(step.status)}</h1>", overview]
+        prediction = predictions.prediction_of(tree, step)
+        if prediction is not None:
+            body.append(self.prediction_html(prediction))
         if has_metrics:
             body.append(
                 f"<p><b>{link(url('train', step.relpath), 'Training curves and eval results →')}</b></p>"
@@ -709,8 +795,14 @@ class App:
 
         name = target.relpath.rsplit("/", 1)[-1]
         safe_name = "".join(char if char.isalnum() or char in "._-" else "_" for char in name)
-        headers = {"Content-Disposition": f'{"inline" if textual else "attachment"}; filename="{safe_name}"'}
-        content_type = "text/plain; charset=utf-8" if textual else "application/octet-stream"
+        # A PNG (by name and signature) is shown inline, so pages can embed the plots steps draw;
+        # with nosniff and the page's CSP an image type cannot run anything.
+        image = name.lower().endswith(".png") and sample.startswith(PNG_SIGNATURE)
+        inline = textual or image
+        headers = {"Content-Disposition": f'{"inline" if inline else "attachment"}; filename="{safe_name}"'}
+        content_type = (
+            "image/png" if image else "text/plain; charset=utf-8" if textual else "application/octet-stream"
+        )
         return Response(200, content_type=content_type, headers=headers, stream=chunks, length=size)
 
     # -- documents across steps -----------------------------------------------
@@ -932,6 +1024,20 @@ def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield from _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
     else:
         yield prefix, value
+
+
+def _verdict_html(p: predictions.Prediction) -> str:
+    fill, stroke = status_colours(
+        {"inside": "SUCCESS", "outside": "FAILED", "EDITED": "FAILED"}.get(p.verdict, "")
+    )
+    return (
+        f'<span class="badge verdict" data-verdict="{esc(p.verdict)}" '
+        f'style="background:{fill};border-color:{stroke};color:{stroke}">{esc(p.verdict)}</span>'
+    )
+
+
+def _percent(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0%}"
 
 
 def _fmt_or_dash(value: float | None) -> str:

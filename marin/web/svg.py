@@ -253,3 +253,55 @@ def line_chart(
         f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">{"".join(parts)}</svg>'
     )
+
+
+def interval_chart(
+    predicted: float | None,
+    interval: tuple[float, float] | None,
+    actual: float | None,
+    width: int = 420,
+    height: int = 64,
+) -> str:
+    """A prediction on a loss axis: its interval as a band, the predicted value as a diamond,
+    the outcome (when there is one) as a dot, green inside the interval and red outside."""
+    values = [v for v in (predicted, actual, *(interval or ())) if v is not None and math.isfinite(v)]
+    if not values:
+        return '<span class="muted">nothing to draw</span>'
+    low, high = min(values), max(values)
+    pad = (high - low) * 0.15 or abs(high) * 0.02 or 0.1
+    low, high = low - pad, high + pad
+    left, right, axis_y = 12, 12, 30
+
+    def sx(value: float) -> float:
+        return left + (value - low) / (high - low) * (width - left - right)
+
+    parts = [f'<line x1="{left}" x2="{width - right}" y1="{axis_y}" y2="{axis_y}" stroke="#888"/>']
+    for tick in nice_ticks(low, high, 4):
+        if low <= tick <= high:
+            parts.append(
+                f'<line x1="{sx(tick):.1f}" x2="{sx(tick):.1f}" y1="{axis_y}" y2="{axis_y + 4}" stroke="#888"/>'
+                f'<text x="{sx(tick):.1f}" y="{axis_y + 17}" text-anchor="middle" class="tick">{tick_label(tick)}</text>'
+            )
+    if interval is not None:
+        a, b = sx(interval[0]), sx(interval[1])
+        parts.append(
+            f'<rect class="interval" x="{a:.1f}" y="{axis_y - 9}" width="{max(b - a, 1):.1f}" height="18" '
+            f'fill="#d6e6fb" stroke="#1565c0"><title>interval {interval[0]:.4f} to {interval[1]:.4f}</title></rect>'
+        )
+    if predicted is not None and math.isfinite(predicted):
+        x = sx(predicted)
+        parts.append(
+            f'<path class="predicted" d="M{x:.1f},{axis_y - 7} l6,7 l-6,7 l-6,-7 z" fill="#1565c0">'
+            f"<title>predicted {predicted:.4f}</title></path>"
+        )
+    if actual is not None and math.isfinite(actual):
+        inside = interval is not None and interval[0] <= actual <= interval[1]
+        colour = "#2e7d32" if inside else "#c62828"
+        parts.append(
+            f'<circle class="actual" cx="{sx(actual):.1f}" cy="{axis_y}" r="5" fill="{colour}" stroke="#fff">'
+            f"<title>actual {actual:.4f}</title></circle>"
+        )
+    return (
+        f'<svg class="chart interval-chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="prediction and outcome">{"".join(parts)}</svg>'
+    )

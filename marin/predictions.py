@@ -1,0 +1,345 @@
+"""Pre-registered predictions and their outcomes, as the output tree records them.
+
+    marin predictions                 every prediction under the prefix, with its outcome
+    marin predictions stdlib-1e13     those whose step name matches (re.search)
+    marin show predictions/stdlib-1e13   one of them (also on the target's and the report's page)
+
+A prediction is the output of `operations.scaling_laws.write_prediction` (prediction.json,
+written once). Its *target* is the training step that took it as an input
+(`train_preregistered`, which recorded the prediction's digest in preregistration.json before
+it trained) and its *report* the step that compared the two (`report_prediction`, report.json).
+They are found through the dependencies the executor recorded, not through names.
+
+What is checked here, again, on every read: prediction.json still matches its own digest (an
+edit shows as "EDITED"); the target recorded that same digest when it started; the prediction
+was written before the target's first RUNNING line. The tree is untrusted input: JSON only,
+bounded reads, numbers type-checked; nothing named in it is imported or called.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from marin.leaderboard import _json_object, _number
+from marin.outputs import OutputTree, StepOutput, TreeFileError
+
+PREDICTION_FN = "operations.scaling_laws:write_prediction"
+TARGET_FN = "operations.scaling_laws:train_preregistered"
+REPORT_FN = "operations.scaling_laws:report_prediction"
+
+PREDICTION_FILE = "prediction.json"
+PREREGISTRATION_FILE = "preregistration.json"
+REPORT_FILE = "report.json"
+PLOT_FILE = "prediction.png"
+MAX_FILE_BYTES = 1 << 20
+"""The largest prediction.json, preregistration.json or report.json read (they are ~2-5 KB)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One pre-registered prediction and, once there, the outcome it was compared with."""
+
+    step: StepOutput
+    """The prediction step's output."""
+
+    problem: str | None
+    """Why prediction.json could not be read (missing, not JSON, too large), else None."""
+
+    target_label: str | None
+    target_flops: float | None
+    target_parameters: float | None
+    predicted_loss: float | None
+    interval: tuple[float, float] | None
+    confidence: float | None
+    created_at: str | None
+    extrapolation: float | None
+    """The target's FLOPs over the largest budget the fit used."""
+
+    intact: bool | None
+    """prediction.json matches its digest (None: not read)."""
+
+    digest: str | None
+    target: StepOutput | None
+    """The training step that depends on this prediction (the most recent, if several)."""
+
+    recorded_digest: str | None
+    """The digest the target recorded before it trained (preregistration.json)."""
+
+    training_started_at: str | None
+    report: StepOutput | None
+    actual_loss: float | None
+    """From the report (report.json), else the target's stats.json final_eval_loss."""
+
+    @property
+    def inside(self) -> bool | None:
+        if self.actual_loss is None or self.interval is None:
+            return None
+        return self.interval[0] <= self.actual_loss <= self.interval[1]
+
+    @property
+    def relative_error(self) -> float | None:
+        if self.actual_loss is None or not self.predicted_loss:
+            return None
+        return (self.actual_loss - self.predicted_loss) / self.predicted_loss
+
+    @property
+    def preceded_training(self) -> bool | None:
+        created, started = _time(self.created_at), _time(self.training_started_at)
+        return None if created is None or started is None else created < started
+
+    @property
+    def preregistered(self) -> bool | None:
+        """Intact, recorded by the target with the same digest, and written before it trained;
+        None while there is no target run to check against."""
+        if self.target is None or self.training_started_at is None:
+            return None
+        return bool(self.intact and self.recorded_digest == self.digest and self.preceded_training)
+
+    @property
+    def verdict(self) -> str:
+        if self.problem:
+            return "not read"
+        if self.intact is False:
+            return "EDITED"
+        if self.actual_loss is None:
+            return (
+                "waiting for the target"
+                if self.target is None or self.target.status != "SUCCESS"
+                else "no loss"
+            )
+        if self.inside is None:
+            return "no interval"
+        return "inside" if self.inside else "outside"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "prediction": self.step.path,
+            "problem": self.problem,
+            "target": self.target_label,
+            "target_flops": self.target_flops,
+            "target_parameters": self.target_parameters,
+            "predicted_loss": self.predicted_loss,
+            "interval": list(self.interval) if self.interval else None,
+            "confidence": self.confidence,
+            "created_at": self.created_at,
+            "extrapolation": self.extrapolation,
+            "intact": self.intact,
+            "target_run": self.target.path if self.target else None,
+            "target_status": self.target.status if self.target else None,
+            "training_started_at": self.training_started_at,
+            "report": self.report.path if self.report else None,
+            "actual_loss": self.actual_loss,
+            "relative_error": self.relative_error,
+            "verdict": self.verdict,
+            "preregistered": self.preregistered,
+        }
+
+
+def predictions(tree: OutputTree, pattern: str | None = None) -> list[Prediction]:
+    """Every prediction under the prefix (step name matching `pattern`, re.search), by name."""
+    regex = None
+    if pattern:
+        try:
+            regex = re.compile(pattern)
+        except re.error as error:
+            raise ValueError(f"{pattern!r} is not a valid name pattern: {error}") from None
+    steps = [
+        step
+        for step in tree.steps
+        if _fn(step) == PREDICTION_FN and (regex is None or regex.search(step.name))
+    ]
+    return [load(tree, step) for step in sorted(steps, key=lambda s: (s.name, s.started or ""))]
+
+
+def prediction_of(tree: OutputTree, step: StepOutput) -> Prediction | None:
+    """The prediction a step is, or is the target or the report of; None for other steps."""
+    fn = _fn(step)
+    if fn == PREDICTION_FN:
+        return load(tree, step)
+    if fn in (TARGET_FN, REPORT_FN):
+        for dep in step.dependencies:
+            upstream = tree.by_path.get(str(dep.get("output_path")))
+            if upstream is not None and _fn(upstream) == PREDICTION_FN:
+                return load(tree, upstream)
+    return None
+
+
+def load(tree: OutputTree, step: StepOutput) -> Prediction:
+    """Read one prediction step's record, find its target and report, and check them."""
+    problem = None
+    try:
+        record = _json_object(tree.read_record(f"{step.path}/{PREDICTION_FILE}", limit=MAX_FILE_BYTES))
+        if record is None:
+            problem = f"{PREDICTION_FILE} is missing or is not a JSON object"
+    except TreeFileError as error:
+        record, problem = None, str(error)
+    record = record or {}
+    target_info = _dict(record.get("target"))
+    parameters = _dict(target_info.get("parameters"))
+    counted = record.get("parameters_counted")
+    interval = record.get("interval")
+    digest = record.get("digest") if isinstance(record.get("digest"), str) else None
+    target, report = _dependents(tree, step)
+    prereg = _read(tree, target, PREREGISTRATION_FILE) if target else {}
+    report_record = _read(tree, report, REPORT_FILE) if report else {}
+    actual = _number(report_record.get("actual_loss"))
+    if actual is None and target is not None and target.status == "SUCCESS":
+        actual = _number(_read(tree, target, "stats.json").get("final_eval_loss"))
+    started = [
+        value
+        for value in (prereg.get("training_started_at"), _first_running(target))
+        if _time(value) is not None
+    ]
+    return Prediction(
+        step=step,
+        problem=problem,
+        target_label=target_info.get("label") if isinstance(target_info.get("label"), str) else None,
+        target_flops=_number(target_info.get("flops")),
+        target_parameters=_number(record.get("target_parameters"))
+        or (_number(parameters.get(counted)) if isinstance(counted, str) else None),
+        predicted_loss=_number(record.get("predicted_loss")),
+        interval=(
+            (float(interval[0]), float(interval[1]))
+            if isinstance(interval, list)
+            and len(interval) == 2
+            and all(_number(v) is not None for v in interval)
+            else None
+        ),
+        confidence=_number(record.get("confidence")),
+        created_at=record.get("created_at") if _time(record.get("created_at")) else None,
+        extrapolation=_number(record.get("extrapolation")),
+        intact=None if problem else (digest is not None and digest == _digest(record)),
+        digest=digest,
+        target=target,
+        recorded_digest=prereg.get("prediction_digest")
+        if isinstance(prereg.get("prediction_digest"), str)
+        else None,
+        training_started_at=min(started, key=_time) if started else None,
+        report=report,
+        actual_loss=actual,
+    )
+
+
+def describe(prediction: Prediction) -> list[str]:
+    """Lines for `marin show` and `marin predictions`."""
+    p = prediction
+    if p.problem:
+        return [f"prediction: not read ({p.problem})"]
+    lines = [
+        f"prediction:  {p.target_label or '?'}: final eval loss {_fmt(p.predicted_loss)}"
+        + (
+            f", {_percent(p.confidence)} interval [{_fmt(p.interval[0])}, {_fmt(p.interval[1])}]"
+            if p.interval
+            else ", no interval"
+        )
+        + (f"  ({p.extrapolation:.0f}x the largest budget fitted)" if p.extrapolation else ""),
+        f"  written:   {p.created_at or '?'}"
+        + ("" if p.intact else "  EDITED: prediction.json no longer matches its digest"),
+    ]
+    if p.target is None:
+        lines.append("  target:    no training step depends on it yet")
+    else:
+        lines.append(f"  target:    {p.target.relpath} [{p.target.status}]")
+    if p.actual_loss is not None:
+        error = p.relative_error
+        lines.append(
+            f"  outcome:   {_fmt(p.actual_loss)} ({error:+.2%} from the prediction), {p.verdict} the interval"
+            if error is not None and p.inside is not None
+            else f"  outcome:   {_fmt(p.actual_loss)}, {p.verdict}"
+        )
+    if p.preregistered is not None:
+        if p.preregistered:
+            lines.append(
+                f"  pre-registered: yes (written {p.created_at}, training started {p.training_started_at}, "
+                "digest recorded by the target)"
+            )
+        else:
+            lines.append(f"  pre-registered: NO ({'; '.join(_failed_checks(p))})")
+    if p.report is not None:
+        lines.append(f"  report:    {p.report.relpath} [{p.report.status}]")
+    return lines
+
+
+def _failed_checks(p: Prediction) -> list[str]:
+    failed = []
+    if not p.intact:
+        failed.append("prediction.json was edited")
+    if p.recorded_digest != p.digest:
+        failed.append(
+            "the target recorded another digest" if p.recorded_digest else "the target recorded no digest"
+        )
+    if p.preceded_training is False:
+        failed.append("written after the target started training")
+    elif p.preceded_training is None:
+        failed.append("times not recorded")
+    return failed or ["?"]
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def _dependents(tree: OutputTree, prediction: StepOutput) -> tuple[StepOutput | None, StepOutput | None]:
+    """The most recent target training step and report step that list `prediction` as an input."""
+    targets, reports = [], []
+    for step in tree.steps:
+        fn = _fn(step)
+        if fn not in (TARGET_FN, REPORT_FN):
+            continue
+        if any(str(dep.get("output_path")) == prediction.path for dep in step.dependencies):
+            (targets if fn == TARGET_FN else reports).append(step)
+
+    def latest(steps: list[StepOutput]) -> StepOutput | None:
+        return max(steps, key=lambda s: (s.started or "", s.path)) if steps else None
+
+    return latest(targets), latest(reports)
+
+
+def _read(tree: OutputTree, step: StepOutput | None, name: str) -> dict[str, Any]:
+    if step is None:
+        return {}
+    try:
+        return _json_object(tree.read_record(f"{step.path}/{name}", limit=MAX_FILE_BYTES)) or {}
+    except TreeFileError:
+        return {}
+
+
+def _first_running(step: StepOutput | None) -> str | None:
+    if step is None:
+        return None
+    return next((event.date for event in step.history if event.status.value == "RUNNING"), None)
+
+
+def _fn(step: StepOutput) -> Any:
+    return (step.info or {}).get("fn_name")
+
+
+def _digest(record: dict[str, Any]) -> str | None:
+    """The record's digest as `write_prediction` computes it (its own function, so the two
+    cannot drift); None if the record holds what JSON cannot hold canonically."""
+    from operations.scaling_laws import digest_of
+
+    try:
+        return digest_of(record)
+    except (ValueError, TypeError):
+        return None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _time(value: Any) -> datetime.datetime | None:
+    from operations.scaling_laws import parse_time
+
+    return parse_time(value)
+
+
+def _fmt(value: float | None) -> str:
+    return "?" if value is None else f"{value:.4f}"
+
+
+def _percent(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0%}"
