@@ -130,6 +130,7 @@ def test_a_cell_trains_the_budget_in_whole_steps():
     assert cell.tokens == cell.steps * 8 * 128
     assert cell.flops == cell.tokens * flops_per_token(model, VOCAB)
     assert abs(cell.flops - 3e11) <= per_step / 2
+    assert plan_cell("y", "d64l2", model, per_step * 10.6, vocab_size=VOCAB, batch_size=8).steps == 11
 
 
 def test_a_budget_under_one_step_still_trains_one():
