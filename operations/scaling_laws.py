@@ -1,7 +1,6 @@
 """Scaling laws: isoflop grids, the fit, a pre-registered prediction and its report.
 
-The recipe (Chinchilla's "approach 2", as Marin used it to pre-register the loss of a 1e23-FLOP
-run): train a family of model sizes at a few FLOP budgets, find the loss-minimising size at each
+The recipe (Chinchilla's "approach 2", isoflop profiles): train a family of model sizes at a few FLOP budgets, find the loss-minimising size at each
 budget, fit power laws through those minima, and extrapolate to a bigger budget -- writing the
 prediction down *before* the big run starts. This module holds the arithmetic (pure numpy, fast
 to test) and the step functions; `marin.scaling` builds the steps.
