@@ -40,7 +40,8 @@ processes, one per host, that start together or not at all:
   STRICT_SPREAD (each on a node of its own), is waited for (`_place`): all of it or none.
   For a TPU slice of several hosts, each slice's head (`TPU-<variant>-head`, on worker 0)
   is reserved first and the slice's hosts are then pinned to that slice by Ray's node label
-  `ray.io/tpu-slice-name`, as Ray's own `ray.util.tpu.SlicePlacementGroup` does. While it
+  `ray.io/tpu-slice-name`, as Ray's own `ray.util.tpu.SlicePlacementGroup` does, and in the
+  order of their `ray.io/tpu-worker-id`: process i is worker i % hosts of slice i // hosts. While it
   waits, the cluster is checked again every few seconds: if its live nodes can no longer
   hold the gang the step fails (`StepRefused`, not re-submitted) with the message
   `prepare` gives; `$MARIN_RAY_PLACEMENT_TIMEOUT` (seconds) bounds the wait, after which
@@ -647,8 +648,13 @@ def _place(ray: Any, step: ResolvedStep, choice: _Choice, gang: _Gang, cancelled
             gang.groups.append(head)
             _wait_placed(ray, step, choice, head, deadline, cancelled)
             slice_names.append(_slice_of(ray, head))
+        # Process i is worker i % hosts of slice i // hosts: process 0 is slice 0's worker 0,
+        # where the coordinators run (JAX's, from the slice metadata; Megascale's).
         selectors = [
-            {TPU_SLICE_LABEL: slice_names[index // choice.hosts_per_replica]}
+            {
+                TPU_SLICE_LABEL: slice_names[index // choice.hosts_per_replica],
+                TPU_WORKER_LABEL: str(index % choice.hosts_per_replica),
+            }
             for index in range(choice.processes)
         ]
     hosts = placement_group(

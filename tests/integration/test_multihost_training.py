@@ -410,3 +410,53 @@ def test_the_driver_stops_the_whole_gang_when_a_process_dies_and_submits_it_agai
     while gang_leftovers() and time.time() < deadline:
         time.sleep(0.2)
     assert gang_leftovers() == []
+
+
+def on_which_node(config: NothingConfig) -> None:
+    """Each process writes a file named for its Ray node (a TPU gang has no $MARIN_PROCESS_ID:
+    JAX reads a slice's own metadata)."""
+    import ray as ray_on_worker
+
+    Path(config.output_path, f"on-{ray_on_worker.get_runtime_context().get_node_id()}").write_text("")
+
+
+def test_a_tpu_slice_of_two_hosts_runs_on_the_hosts_of_one_whole_slice(two_nodes, tmp_path):
+    """Fake TPU hosts (CPU nodes with Ray's TPU resources and labels) join the cluster: slice
+    `a` has only its worker 0, slice `b` both hosts of a v4-16; the gang must take `b`'s two,
+    never `a`'s worker 0 with `b`'s worker 1 (which STRICT_SPREAD alone would allow)."""
+    cluster, _ = two_nodes
+
+    def tpu_host(slice_name: str, worker: int):
+        resources = {"TPU": 4, **({"TPU-v4-16-head": 1} if worker == 0 else {})}
+        labels = {
+            "ray.io/tpu-slice-name": slice_name,
+            "ray.io/tpu-worker-id": str(worker),
+            "ray.io/tpu-pod-type": "v4-16",
+        }
+        return cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1, resources=resources, labels=labels)
+
+    added = [tpu_host("a", 0), tpu_host("b", 0), tpu_host("b", 1)]
+    try:
+        cluster.wait_for_nodes()
+        output = tmp_path / "out"
+        output.mkdir()
+        step = ExecutorStep(
+            name="slice",
+            fn=on_which_node,
+            config=NothingConfig(str(output)),
+            resources=ResourceConfig.with_tpu("v4-16"),
+            override_output_path=str(output),
+        )
+        executor, _ = run_gang(cluster, step)
+        ran_on = sorted(path.name.removeprefix("on-") for path in output.glob("on-*"))
+        assert ran_on == sorted(node.node_id for node in added[1:])
+        gang = read_info(executor.store, str(output))["dispatch"]["gang"]
+        assert (gang["processes"], gang["hosts_per_replica"], gang["coordinator"]) == (2, 2, None)
+        assert [entry["node"] for entry in gang["processes_on"]][0] == added[1].node_id  # worker 0 first
+        deadline = time.time() + 30
+        while gang_leftovers() and time.time() < deadline:
+            time.sleep(0.2)
+        assert gang_leftovers() == []
+    finally:
+        for node in added:
+            cluster.remove_node(node)
