@@ -569,12 +569,16 @@ def bootstrap_isoflops(runs: Sequence[RunResult], samples: int, seed: int) -> Bo
 
 
 def percentile_interval(values: Sequence[float], confidence: float) -> tuple[float, float] | None:
-    """The central `confidence` interval of `values` (None when there are fewer than 2)."""
+    """The central `confidence` interval of `values` (None when they hold fewer than 2 distinct
+    values: with three sizes per budget every usable resample is the runs themselves, and a
+    zero-width interval would claim a certainty the bootstrap does not have)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
-    if len(values) < 2:
+    array = np.asarray(values, dtype=float)
+    # "Distinct" up to rounding: the same runs in another order fit to within a few ulps.
+    if len(array) < 2 or np.ptp(array) <= 1e-9 * float(np.max(np.abs(array))):
         return None
-    low, high = np.quantile(np.asarray(values, dtype=float), [(1 - confidence) / 2, (1 + confidence) / 2])
+    low, high = np.quantile(array, [(1 - confidence) / 2, (1 + confidence) / 2])
     return float(low), float(high)
 
 
@@ -1042,7 +1046,7 @@ def prediction_summary(record: Mapping[str, Any]) -> str:
     band = (
         f", {pct}% interval {interval[0]:.4f} .. {interval[1]:.4f}"
         if interval
-        else ", no interval (no bootstrap replicates)"
+        else ", no interval (fewer than two distinct bootstrap replicates: run four or more sizes per budget)"
     )
     optimum = record["compute_optimal"]
     lines = [

@@ -311,8 +311,18 @@ def test_with_three_sizes_per_budget_most_resamples_cannot_be_fitted():
     assert len(boot.fits) < 100  # (2/9 of resamples keep 3 distinct sizes per budget)
 
 
+def test_with_two_budgets_of_three_sizes_the_bootstrap_gives_no_interval():
+    # Every usable resample is the runs themselves, reordered: the same fit up to rounding.
+    runs = model_form_runs([1e15, 1e16], np.linspace(-1, 1, 3), noise=0.002)
+    boot = bootstrap_isoflops(runs, samples=300, seed=0)
+    assert len(boot.fits) > 5
+    assert percentile_interval([f.loss.exponent for f in boot.fits], 0.9) is None
+    assert percentile_interval([f.predict(1e6, 1e17) for f in boot.fits], 0.9) is None
+
+
 def test_percentile_interval_needs_two_values_and_a_confidence_between_0_and_1():
     assert percentile_interval([1.0], 0.9) is None
+    assert percentile_interval([2.5, 2.5, 2.5], 0.9) is None  # identical replicates: no interval
     assert percentile_interval(list(range(101)), 0.9) == pytest.approx((5.0, 95.0))
     with pytest.raises(ValueError):
         percentile_interval([1.0, 2.0], 1.0)
