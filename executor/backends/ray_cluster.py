@@ -38,15 +38,16 @@ processes, one per host, that start together or not at all:
 
 - a detached Ray placement group of N bundles, one host's resources each, strategy
   STRICT_SPREAD (each on a node of its own), is waited for (`_place`): all of it or none.
-  For a TPU slice of several hosts, each slice's head (`TPU-<variant>-head`, on worker 0)
-  is reserved first and the slice's hosts are then pinned to that slice by Ray's node label
-  `ray.io/tpu-slice-name`, as Ray's own `ray.util.tpu.SlicePlacementGroup` does, and in the
-  order of their `ray.io/tpu-worker-id`: process i is worker i % hosts of slice i // hosts. While it
-  waits, the cluster is checked again every few seconds: if its live nodes can no longer
-  hold the gang the step fails (`StepRefused`, not re-submitted) with the message
-  `prepare` gives; `$MARIN_RAY_PLACEMENT_TIMEOUT` (seconds) bounds the wait, after which
-  the attempt counts as lost (re-submitted, `--max_retries`). Otherwise it waits, as Ray
-  does for a single actor whose resources are busy.
+  For a TPU slice of several hosts, each slice's head (`TPU-<variant>-head`, on worker 0;
+  only of a slice whose hosts are all live) is reserved first and the slice's hosts are then
+  pinned to that slice by Ray's node label `ray.io/tpu-slice-name`, as Ray's own
+  `ray.util.tpu.SlicePlacementGroup` does, and in the order of their `ray.io/tpu-worker-id`:
+  process i is worker i % hosts of slice i // hosts. While it waits, the cluster is checked
+  again every few seconds: if its live nodes can no longer hold the gang the step fails
+  (`StepRefused`, not re-submitted) with the message `prepare` gives;
+  `$MARIN_RAY_PLACEMENT_TIMEOUT` (seconds) bounds the wait, after which the attempt counts
+  as lost (re-submitted, `--max_retries`). Otherwise it waits, as Ray does for a single
+  actor whose resources are busy.
 - process 0 is the `StepHost` above, in bundle 0: it picks the JAX coordinator's address
   (its node's IP, a free port) and reports it before the others start; then processes
   1..N-1 (`GangMember`, one per bundle) and process 0 run the function, each with its
@@ -637,13 +638,19 @@ def _place(ray: Any, step: ResolvedStep, choice: _Choice, gang: _Gang, cancelled
     deadline = None if timeout is None else time.monotonic() + timeout
     selectors: list[dict[str, str]] | None = None
     if choice.multi_host_slices:
-        slice_names = []
+        slice_names: list[str] = []
+        # Only the head of a slice whose hosts are all there: an incomplete slice's head,
+        # once reserved, would keep the gang waiting for hosts that do not exist.
+        whole = choice._whole_slices(_live_nodes(ray))
         for index in range(choice.replicas):
+            selector = {TPU_WORKER_LABEL: "0", TPU_POD_TYPE_LABEL: choice.tpu}
+            if whole:
+                selector[TPU_SLICE_LABEL] = f"in({','.join(sorted(whole))})"
             head = placement_group(
                 [{f"TPU-{choice.tpu}-head": 1}],
                 name=f"{name}:head-{index}",
                 lifetime="detached",
-                bundle_label_selector=[{TPU_WORKER_LABEL: "0", TPU_POD_TYPE_LABEL: choice.tpu}],
+                bundle_label_selector=[selector],
             )
             gang.groups.append(head)
             _wait_placed(ray, step, choice, head, deadline, cancelled)

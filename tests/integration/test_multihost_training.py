@@ -421,9 +421,11 @@ def on_which_node(config: NothingConfig) -> None:
 
 
 def test_a_tpu_slice_of_two_hosts_runs_on_the_hosts_of_one_whole_slice(two_nodes, tmp_path):
-    """Fake TPU hosts (CPU nodes with Ray's TPU resources and labels) join the cluster: slice
-    `a` has only its worker 0, slice `b` both hosts of a v4-16; the gang must take `b`'s two,
-    never `a`'s worker 0 with `b`'s worker 1 (which STRICT_SPREAD alone would allow)."""
+    """Fake TPU hosts (CPU nodes with Ray's TPU resources and labels) join the cluster: slices
+    `a` and `c` have only their worker 0, slice `b` both hosts of a v4-16. The gang must take
+    `b`'s two, worker 0 first: never another slice's worker 0 with `b`'s worker 1 (which
+    STRICT_SPREAD alone would allow), nor the head of a slice it cannot complete (where it
+    would wait for ever: here the placement timeout makes that a failure)."""
     cluster, _ = two_nodes
 
     def tpu_host(slice_name: str, worker: int):
@@ -435,7 +437,7 @@ def test_a_tpu_slice_of_two_hosts_runs_on_the_hosts_of_one_whole_slice(two_nodes
         }
         return cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1, resources=resources, labels=labels)
 
-    added = [tpu_host("a", 0), tpu_host("b", 0), tpu_host("b", 1)]
+    added = [tpu_host("a", 0), tpu_host("c", 0), tpu_host("b", 0), tpu_host("b", 1)]
     try:
         cluster.wait_for_nodes()
         output = tmp_path / "out"
@@ -447,12 +449,14 @@ def test_a_tpu_slice_of_two_hosts_runs_on_the_hosts_of_one_whole_slice(two_nodes
             resources=ResourceConfig.with_tpu("v4-16"),
             override_output_path=str(output),
         )
-        executor, _ = run_gang(cluster, step)
+        executor = Executor(str(tmp_path), console=False, backend=RayBackend(cluster.address), max_retries=0)
+        with environment(MARIN_RAY_PLACEMENT_TIMEOUT="30"):
+            executor.run([step])
         ran_on = sorted(path.name.removeprefix("on-") for path in output.glob("on-*"))
-        assert ran_on == sorted(node.node_id for node in added[1:])
+        assert ran_on == sorted(node.node_id for node in added[2:])
         gang = read_info(executor.store, str(output))["dispatch"]["gang"]
         assert (gang["processes"], gang["hosts_per_replica"], gang["coordinator"]) == (2, 2, None)
-        assert [entry["node"] for entry in gang["processes_on"]][0] == added[1].node_id  # worker 0 first
+        assert [entry["node"] for entry in gang["processes_on"]] == [added[2].node_id, added[3].node_id]
         deadline = time.time() + 30
         while gang_leftovers() and time.time() < deadline:
             time.sleep(0.2)
