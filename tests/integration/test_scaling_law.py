@@ -10,6 +10,8 @@ import pytest
 from executor import Executor
 from executor.events import StepStarted
 from experiments.tutorials.scaling_law import all_steps, scaling_steps
+from marin.outputs import OutputTree
+from marin.predictions import predictions
 from operations.scaling_laws import parse_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -90,6 +92,16 @@ def test_the_scaling_law_tutorial_predicts_before_training_and_reports(tmp_path)
     assert report["verdict"] in ("inside", "outside")
     assert report["checks"]["preregistered"] is True
     assert read_bytes(os.path.join(out["report"], "prediction.png"))[:8] == PNG
+
+    # What `marin predictions` (and `marin show`, the browser) read back from the tree agrees.
+    (listed,) = predictions(OutputTree(str(tmp_path)))
+    assert (listed.step.path, listed.target.path, listed.report.path) == (
+        out["prediction"],
+        out["target"],
+        out["report"],
+    )
+    assert (listed.predicted_loss, listed.actual_loss) == (report["predicted_loss"], report["actual_loss"])
+    assert (listed.verdict, listed.preregistered, listed.intact) == (report["verdict"], True, True)
 
     # Again: everything cached.
     before = read_bytes(prediction_file)
