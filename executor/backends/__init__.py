@@ -157,10 +157,19 @@ class Backend:
         pass
 
 
+CHILD_ENV_DROPPED = frozenset({"WANDB_SERVICE"})
+"""Variables of the driver's environment that a step's process does not inherit (`child_env`)."""
+
+
 def child_env() -> dict[str, str]:
     """The driver's environment for a process it starts, with the directory holding the
-    `executor` package on PYTHONPATH (so `python -m executor.backends...` finds this code)."""
-    env = dict(os.environ)
+    `executor` package on PYTHONPATH (so `python -m executor.backends...` finds this code).
+
+    Without `$WANDB_SERVICE`: W&B exports it in a process that used W&B so that its children
+    attach to that process's service. A step's process starts its own instead -- the driver's
+    service may be gone by then (a driver that trained in-process and tore W&B down), and a
+    shared one holds a killed step's run "in use" so that its retry is refused."""
+    env = {name: value for name, value in os.environ.items() if name not in CHILD_ENV_DROPPED}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env

@@ -755,9 +755,11 @@ class StepHost:
     def run(
         self, blob: bytes, sys_path: list[str], spec: Any, gang: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        from executor.backends import extend_sys_path
+        from executor.backends import CHILD_ENV_DROPPED, extend_sys_path
 
         extend_sys_path(sys_path)
+        for name in CHILD_ENV_DROPPED:  # from the node's start-up environment: not this step's
+            os.environ.pop(name, None)
         import cloudpickle
         import ray
 
@@ -802,9 +804,11 @@ class GangMember:
     def run(
         self, blob: bytes, sys_path: list[str], spec: Any, index: int, count: int, env: dict[str, str]
     ) -> dict[str, Any]:
-        from executor.backends import extend_sys_path
+        from executor.backends import CHILD_ENV_DROPPED, extend_sys_path
 
         extend_sys_path(sys_path)
+        for name in CHILD_ENV_DROPPED:  # from the node's start-up environment: not this step's
+            os.environ.pop(name, None)
         import traceback
 
         import cloudpickle

@@ -643,3 +643,16 @@ def test_devices_are_described_only_where_the_step_started_jax_and_jax_is_never_
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "cpu"
+
+
+def test_a_step_process_does_not_inherit_the_drivers_wandb_service(monkeypatch):
+    """A driver that used W&B in-process exports $WANDB_SERVICE; a step's process must start its
+    own service (the driver's may be torn down by then: the quickstart then failed with
+    WandbServiceConnectionError after another test had trained in-process)."""
+    from executor.backends import child_env
+
+    monkeypatch.setenv("WANDB_SERVICE", "2-123-unix-/tmp/wandb-gone/socket")
+    monkeypatch.setenv("MARIN_SOMETHING", "kept")
+    env = child_env()
+    assert "WANDB_SERVICE" not in env and env["MARIN_SOMETHING"] == "kept"
+    assert os.environ["WANDB_SERVICE"]  # the driver's own environment is left as it was

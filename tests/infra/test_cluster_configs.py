@@ -32,7 +32,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from executor.backends.ray_cluster import _fits
+from executor.backends.ray_cluster import _bundle, _fits
 from executor.resources import ResourceConfig, TpuConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,7 +237,9 @@ def test_the_ray_backend_admits_the_step_on_that_node_type(name, resources, node
     (Ray may place it there while one is up), never the head."""
     config = _load(_config_by_name(name))
     options = resources.ray_options()
-    admitting = [n for n, t in config["available_node_types"].items() if _fits(options, t["resources"])]
+    admitting = [
+        n for n, t in config["available_node_types"].items() if _fits(_bundle(options), t["resources"])
+    ]
     if resources.device.kind == "cpu":
         assert node_type in admitting and config["head_node_type"] not in admitting
     else:

@@ -71,7 +71,10 @@ def two_nodes(tmp_path_factory):
     a JAX compilation cache shared by the gangs of this module (the second gang compiles
     nothing: ~40 s less each), and no W&B service of this process to attach to."""
     cache = tmp_path_factory.mktemp("jax-compilation-cache")
-    with environment(JAX_COMPILATION_CACHE_DIR=str(cache), WANDB_SERVICE=None, JAX_PLATFORMS="cpu"):
+    # $WANDB_SERVICE is dropped for good, not restored afterwards: the in-process trainings of
+    # this module tear W&B's service down, and a later test's processes would attach to it.
+    os.environ.pop("WANDB_SERVICE", None)
+    with environment(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu"):
         node = {"num_cpus": 1}
         with loopback_cluster(node, node, head_cpus=0) as (cluster, nodes):
             yield cluster, [n.node_id for n in nodes]
