@@ -970,6 +970,7 @@ def write_prediction(config: PredictionConfig) -> None:
     for run in fit_record.get("runs", []):
         if not isinstance(run, Mapping) or not isinstance(run.get("path"), str):
             raise ValueError(f"prediction: {fit_file}: a run without a path")
+        _check_run_path(run["path"], config.fit_path, fit_file)
         now = version_hash_of(run["path"])
         if run.get("version_hash") != now:
             raise ValueError(
@@ -1014,6 +1015,22 @@ write_prediction.__run_records__ = {  # type: ignore[attr-defined]
     "files": [SUMMARY_FILE],
     "fields": {PREDICTION_FILE: ["created_at", "digest", "version_hash"]},
 }
+
+
+def _check_run_path(path: str, fit_path: str, fit_file: str) -> None:
+    """A run path read from fit.json (a file of the tree, so untrusted) is only read if it lies
+    on the fit's own storage (same scheme and bucket) and has no `..` parts."""
+
+    def root(value: str) -> tuple[str, str]:
+        scheme, _, rest = value.partition("://") if "://" in value else ("file", "", value)
+        return scheme, rest.split("/", 1)[0] if scheme != "file" else ""
+
+    parts = path.split("://", 1)[-1].split("/")
+    if len(path) > 4096 or ".." in parts or root(path) != root(fit_path):
+        raise ValueError(
+            f"prediction: {fit_file}: run path {path[:200]!r} is not on the fit's storage "
+            f"({fit_path}) or has '..' parts; re-run the fit"
+        )
 
 
 def _keep_existing_prediction(path: str, existing: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:

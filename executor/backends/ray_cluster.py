@@ -206,17 +206,7 @@ class RayBackend(Backend):
             return self._call_gang(step, dispatch, spec, blob)
         options = dict(dispatch["ray_options"])
         options.setdefault("num_cpus", 1)
-        actor = (
-            ray.remote(StepHost)
-            .options(
-                name=f"marin-step:{step.name}:{os.urandom(4).hex()}",
-                namespace=ACTOR_NAMESPACE,
-                lifetime="detached",
-                max_restarts=0,
-                **options,
-            )
-            .remote()
-        )
+        actor = _detached_actor(ray, StepHost, f"marin-step:{step.name}:{os.urandom(4).hex()}", options)
         path = step.output_path
         with self._lock:
             self._actors[path] = actor
@@ -287,17 +277,7 @@ class RayBackend(Backend):
             }
             if bundle.get("memory"):
                 options["memory"] = bundle["memory"]
-            handle = (
-                ray.remote(cls)
-                .options(
-                    name=f"marin-step:{step.name}:{tag}:process-{index}",
-                    namespace=ACTOR_NAMESPACE,
-                    lifetime="detached",
-                    max_restarts=0,
-                    **options,
-                )
-                .remote()
-            )
+            handle = _detached_actor(ray, cls, f"marin-step:{step.name}:{tag}:process-{index}", options)
             gang.actors.append(handle)
             return handle
 
@@ -391,6 +371,16 @@ class RayBackend(Backend):
             paths = list(self._actors) + list(self._gangs)
         for path in paths:
             self.cancel(path)
+
+
+def _detached_actor(ray: Any, cls: type, name: str, options: dict[str, Any]) -> Any:
+    """An actor of `cls` that outlives the driver (detached) and is never restarted by Ray:
+    a lost step is re-submitted by the runner, which takes its lease back first."""
+    return (
+        ray.remote(cls)
+        .options(name=name, namespace=ACTOR_NAMESPACE, lifetime="detached", max_restarts=0, **options)
+        .remote()
+    )
 
 
 def _pickled(step: ResolvedStep) -> bytes:

@@ -674,3 +674,20 @@ def test_the_first_running_date_skips_lines_it_cannot_read(tmp_path):
     ]
     (tmp_path / ".executor_status").write_text("\n".join(lines) + "\n")
     assert sl.first_running_date(str(tmp_path)) == "2026-11-23T14:10:31.687Z"
+
+
+@pytest.mark.parametrize("path", ["memory://elsewhere/run", "s3://other-bucket/run", "{fit}/../../../etc"])
+def test_a_run_path_in_fit_json_off_the_fits_storage_is_not_read(grid_tree, path):
+    """fit.json is a file of the tree (untrusted): a run path on another storage, or climbing out
+    with '..', is refused before anything is opened there."""
+    tmp_path, plan, config = grid_tree
+    sl.fit_scaling_law(config)
+    fit_file = os.path.join(config.output_path, "fit.json")
+    with open(fit_file) as handle:
+        record = json.load(handle)
+    record["runs"][0]["path"] = path.format(fit=config.output_path)
+    with open(fit_file, "w") as handle:
+        json.dump(record, handle)
+    with pytest.raises(ValueError, match="is not on the fit's storage"):
+        write_prediction(PredictionConfig(config.output_path, target_of(plan), str(tmp_path / "p")))
+    assert not os.path.exists(tmp_path / "p" / "prediction.json")
