@@ -82,7 +82,12 @@ class Target:
 _EXECUTOR_TESTS = ("tests/executor", "tests/marin/test_untrusted_trees.py")
 # s3 runs the store contract against SeaweedFS (seconds to start, same code path as memory://).
 # The script-line test checks which frame raised, and mutmut's trampolines add frames.
-_EXECUTOR_SELECT = "not s3 and not test_an_invalid_step_name_at_the_top_of_a_script"
+# The keeper-sharing test asserts on the process-wide set of lease keepers, which holds a gs://
+# keeper when the store-contract tests ran before it in the same process (mutmut's clean run).
+_EXECUTOR_SELECT = (
+    "not s3 and not test_an_invalid_step_name_at_the_top_of_a_script"
+    " and not test_runs_in_one_process_share_one_keeper_and_a_tree_in_memory_uses_none"
+)
 # Subprocess-only: the same CLI cases run in this process in test_mutation_guards.py.
 # test_durable.py starts and kills whole drivers (experiment scripts in subprocesses): during
 # mutmut's stats phase those run the trampolined copy, whose output never reached the test
@@ -96,6 +101,10 @@ _EXECUTOR_IGNORE = (
 
 TARGETS: dict[str, Target] = {
     "executor": Target(("executor/*.py",), _EXECUTOR_TESTS, _EXECUTOR_SELECT, _EXECUTOR_IGNORE),
+    # The backends alone (`executor/*.py` above covers them too: fnmatch's `*` crosses `/`). Their
+    # code runs mostly in other processes (the local backend's child and heartbeat, the step
+    # host, Ray actors); tests/executor/test_mutants_backends_*.py call it in this process.
+    "backends": Target(("executor/backends/*.py",), _EXECUTOR_TESTS, _EXECUTOR_SELECT, _EXECUTOR_IGNORE),
     "safety": Target(
         ("marin/web/safety.py",),
         ("tests/marin/test_safety_mutants.py", "tests/marin/test_web.py"),

@@ -1,0 +1,759 @@
+"""The Ray backend's own logic (`executor.backends.ray_cluster`) without a Ray cluster.
+
+What a step asks for (choices, bundles, gangs), which nodes can hold it, the messages, the
+environment of each process of a gang, and the driver's side of a hosted step (single actor
+and gang: waiting, losing, cancelling) against a small stand-in for the `ray` module. The
+integration tests (tests/integration/test_ray_backend.py) run the same code on a real cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+
+from executor import ExecutorStep, ResourceConfig, this_output_path, versioned
+from executor.backends import StepCancelled, StepFunctionError, StepRefused, UnsatisfiableError
+from executor.backends import ray_cluster as rc
+from executor.backends.ray_cluster import RayBackend, _Choice, _choices
+from executor.resources import GpuConfig
+from tests.executor.steps_for_heavy import IntervalConfig, record_interval
+
+
+def _resolved(resources, name: str = "train", prefix: str = "/tmp/unused"):
+    from executor.graph import resolve
+
+    step = ExecutorStep(
+        name=name,
+        fn=record_interval,
+        config=IntervalConfig(output_path=this_output_path(), index=versioned(0)),
+        resources=resources,
+    )
+    return resolve([step], prefix).steps[0]
+
+
+def node(labels=None, alive=True, node_id="n", ip=None, **resources):
+    record = {"Alive": alive, "Resources": resources, "Labels": labels, "NodeID": node_id}
+    if ip is not None:
+        record["NodeManagerAddress"] = ip
+    return record
+
+
+def tpu_slice(name, hosts, variant="v4-32", head=True):
+    return [
+        node(
+            {rc.TPU_SLICE_LABEL: name, rc.TPU_POD_TYPE_LABEL: variant, rc.TPU_WORKER_LABEL: str(i)},
+            CPU=8,
+            TPU=4,
+            **({f"TPU-{variant}-head": 1} if i == 0 and head else {}),
+        )
+        for i in range(hosts)
+    ]
+
+
+# -- what is asked -------------------------------------------------------------------------------
+
+
+def test_process_log_path():
+    assert rc.process_log_path("gs://b/out/step-1/", 3) == "gs://b/out/step-1/logs/process-3.log"
+    assert rc.process_log_path("/o/s", 1) == "/o/s/logs/process-1.log"
+
+
+def test_a_plain_dict_asks_for_one_cpu():
+    (choice,) = _choices({"accelerator": "any"})
+    assert choice == _Choice("CPU", {"num_cpus": 1}, ({"CPU": 1},))
+    assert (choice.processes, choice.replicas, choice.hosts_per_replica, choice.tpu) == (1, 1, 1, None)
+    assert not choice.multi_host_slices
+
+
+def test_one_choice_per_device_in_order():
+    resources = ResourceConfig(
+        cpu=2, ram="2g", device=GpuConfig(count=2), device_alternatives=(GpuConfig(count=1),)
+    )
+    choices = _choices(resources)
+    assert [c.description for c in choices] == [d.describe() for d in resources.devices()]
+    assert choices[0].bundles == ({"CPU": 2, "GPU": 2, "memory": 2 * 2**30},)
+    assert choices[1].bundles == ({"CPU": 2, "GPU": 1, "memory": 2 * 2**30},)
+    assert choices[0].options == resources.ray_options(resources.devices()[0])
+    assert all(c.processes == 1 and c.tpu is None for c in choices)
+
+
+def test_a_single_tpu_host_and_a_gang_of_gpu_replicas():
+    (tpu,) = _choices(ResourceConfig.with_tpu("v4-8"))
+    assert tpu.tpu == "v4-8" and tpu.processes == 1 and not tpu.multi_host_slices
+    assert tpu.description == "TPU v4-8" or "v4-8" in tpu.description
+    (gpus,) = _choices(ResourceConfig(cpu=1, device=GpuConfig(count=1), replicas=2))
+    assert gpus.processes == 2 and gpus.replicas == 2 and gpus.hosts_per_replica == 1
+    assert gpus.description.endswith(" x2 replicas")
+    assert gpus.tpu is None and not gpus.multi_host_slices
+    (slices,) = _choices(ResourceConfig.with_tpu("v4-8", slice_count=3))
+    assert slices.description.endswith(" x3 slices") and slices.tpu == "v4-8"
+    assert slices.hosts_per_replica == 1 and not slices.multi_host_slices
+    (pod,) = _choices(ResourceConfig.with_tpu("v4-32"))  # one slice of 4 hosts
+    assert pod.processes == 4 and pod.replicas == 1 and pod.hosts_per_replica == 4
+    assert pod.multi_host_slices and "x" not in pod.description.split()[-1]
+    assert pod.bundles == ({"CPU": 1, "TPU": 4},) * 4
+    assert pod.options["resources"] == {"TPU": 4, "TPU-v4-32-head": 1}
+
+
+def test_tpu_variant_from_the_options():
+    assert rc._tpu_variant({"resources": {"TPU": 4, "TPU-v5p-64-head": 1}}) == "v5p-64"
+    assert rc._tpu_variant({"resources": {"TPU": 4}}) is None
+    assert rc._tpu_variant({"resources": {"TPU-v4-8": 1, "x-head": 1}}) is None
+    assert rc._tpu_variant({"resources": None}) is None
+    assert rc._tpu_variant({}) is None
+
+
+def test_bundles_drop_zero_amounts():
+    assert rc._bundle({}) == {"CPU": 1}
+    assert rc._bundle({"num_cpus": 3, "num_gpus": None}) == {"CPU": 3}
+    assert rc._bundle({"num_cpus": 0, "num_gpus": 2, "memory": 0, "resources": {"a": 0, "b": 0.5}}) == {
+        "GPU": 2,
+        "b": 0.5,
+    }
+    assert rc._bundle({"num_cpus": 1, "memory": 5, "resources": None}) == {"CPU": 1, "memory": 5}
+
+
+def test_fits_and_live_nodes():
+    assert rc._fits({"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1})
+    assert not rc._fits({"CPU": 2.5}, {"CPU": 2})
+    assert not rc._fits({"TPU": 1}, {"CPU": 8})
+    assert rc._fits({"CPU": 1, "GPU": 0}, {"CPU": 1})
+    assert rc._capacity({"Resources": {"CPU": 1}}) == {"CPU": 1}
+    assert rc._capacity({}) == {}
+    ray = types.SimpleNamespace(nodes=lambda: [{"Alive": True, "n": 1}, {"Alive": False, "n": 2}, {"n": 3}])
+    assert rc._live_nodes(ray) == [{"Alive": True, "n": 1}]
+
+
+def test_single_process_choices_are_placeable_on_one_node_that_holds_them():
+    (choice,) = _choices(ResourceConfig.with_cpu(cpu=2))
+    assert choice.placeable([node(CPU=1), node(CPU=2)])
+    assert not choice.placeable([node(CPU=1), node(CPU=1.5)])
+    assert not choice.placeable([])
+
+
+def test_a_gang_needs_as_many_nodes_that_hold_a_host():
+    (pair,) = _choices(ResourceConfig(cpu=2, replicas=3))
+    assert pair.placeable([node(CPU=2), node(CPU=4), node(CPU=2)])
+    assert not pair.placeable([node(CPU=2), node(CPU=4), node(CPU=1)])
+
+
+def test_whole_slices_have_their_head_and_enough_hosts_of_the_type():
+    (pod,) = _choices(ResourceConfig.with_tpu("v4-32"))
+    nodes = (
+        tpu_slice("a", 4)
+        + tpu_slice("b", 3)  # too few hosts
+        + tpu_slice("c", 4, head=False)  # no head
+        + tpu_slice("d", 4, variant="v4-64")  # another type
+        + [node({rc.TPU_POD_TYPE_LABEL: "v4-32"}, CPU=8, TPU=4)]  # no slice name
+        + [node(None, CPU=8)]
+        + tpu_slice("e", 5)
+    )
+    assert pod._whole_slices(nodes) == ["a", "e"]
+    small = [dict(n, Resources={**n["Resources"], "TPU": 2}) for n in tpu_slice("f", 4)]
+    assert pod._whole_slices(small) == []  # hosts without the chips of one host
+    assert pod.placeable(tpu_slice("a", 4))
+    (two,) = _choices(ResourceConfig.with_tpu("v4-32", slice_count=2))
+    assert not two.placeable(tpu_slice("a", 4))
+    assert two.placeable(tpu_slice("a", 4) + tpu_slice("b", 4))
+
+
+def test_a_slice_head_counted_from_any_member_of_the_slice():
+    (pod,) = _choices(ResourceConfig.with_tpu("v4-32"))
+    members = tpu_slice("a", 4, head=False)
+    members[2]["Resources"]["TPU-v4-32-head"] = 1
+    assert pod._whole_slices(members) == ["a"]
+    members[2]["Resources"]["TPU-v4-32-head"] = 0.5
+    assert pod._whole_slices(members) == []
+
+
+def test_environment_of_each_process():
+    (gpus,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    assert gpus.environment(1, "10.0.0.1:99", "10.0.0.1") == {
+        "MARIN_COORDINATOR_ADDRESS": "10.0.0.1:99",
+        "MARIN_NUM_PROCESSES": "2",
+        "MARIN_PROCESS_ID": "1",
+    }
+    (pod,) = _choices(ResourceConfig.with_tpu("v4-32"))
+    assert pod.environment(3, "x:1", "10.0.0.9") == {}  # one slice: JAX reads its metadata
+    (pods,) = _choices(ResourceConfig.with_tpu("v4-32", slice_count=3))
+    assert pods.environment(4, "x:1", "10.0.0.9") == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.9:8081",
+        "MEGASCALE_PORT": "8081",
+        "MEGASCALE_NUM_SLICES": "3",
+        "MEGASCALE_SLICE_ID": "1",
+    }
+    assert pods.environment(3, "x:1", "ip")["MEGASCALE_SLICE_ID"] == "0"
+    assert pods.environment(11, "x:1", "ip")["MEGASCALE_SLICE_ID"] == "2"
+
+
+def test_a_gang_record_round_trips_through_the_dispatch():
+    (pods,) = _choices(ResourceConfig.with_tpu("v4-32", slice_count=2))
+    record = RayBackend()._dispatch_record(pods)
+    assert record == {
+        "backend": "ray",
+        "where": "ray",
+        "hosted": True,
+        "device": pods.description,
+        "ray_options": pods.options,
+        "gang": {
+            "processes": 8,
+            "replicas": 2,
+            "hosts_per_replica": 4,
+            "bundles": [{"CPU": 1, "TPU": 4}] * 8,
+            "strategy": "STRICT_SPREAD",
+        },
+    }
+    assert _Choice.from_dispatch(record) == pods
+    (alone,) = _choices(ResourceConfig.with_cpu(cpu=1))
+    assert "gang" not in RayBackend()._dispatch_record(alone)
+
+
+# -- messages ------------------------------------------------------------------------------------
+
+
+def test_describe_a_bundle():
+    assert rc._describe_bundle({"CPU": 2}) == "2 CPU"
+    assert rc._describe_bundle({}) == "0 CPU"
+    assert rc._describe_bundle({"CPU": 1, "GPU": 0.5, "memory": 3 * 2**29, "TPU": 4, "x": 1}) == (
+        "1 CPU, 0.5 GPU, 1.5 GiB memory, 4 TPU, 1 x"
+    )
+
+
+def test_describe_choices():
+    (one,) = _choices(ResourceConfig.with_cpu(cpu=2))
+    assert rc._describe_choice(one) == "CPU (2 CPU)"
+    (pods,) = _choices(ResourceConfig.with_tpu("v4-32", slice_count=2))
+    assert rc._describe_choice(pods) == (
+        f"{pods.description}: 2 whole slice(s) of 4 hosts (1 CPU, 4 TPU each, TPU-v4-32-head on worker 0; "
+        "nodes labelled ray.io/tpu-slice-name and ray.io/tpu-pod-type=v4-32)"
+    )
+    (gang,) = _choices(ResourceConfig(cpu=3, replicas=2))
+    assert rc._describe_choice(gang) == "CPU x2 replicas: 2 processes on 2 different nodes, each with 3 CPU"
+
+
+def test_describe_capacity_leaves_out_node_ids_and_memory():
+    assert (
+        rc._describe_capacity(
+            {"node:10.0.0.1": 1, "memory": 5, "object_store_memory": 6, "GPU": 2, "CPU": 8.5}
+        )
+        == "{8.5 CPU, 2 GPU}"
+    )
+    assert rc._describe_capacity({}) == "{}"
+
+
+def test_the_unsatisfiable_message_of_single_processes():
+    choices = _choices(
+        ResourceConfig(cpu=4, device=GpuConfig(count=2), device_alternatives=(GpuConfig(count=1),))
+    )
+    message = rc._unsatisfiable_message("train", choices, [node(CPU=8), node(CPU=2, GPU=1)])
+    assert message == (
+        f"step 'train' asks for {rc._describe_choice(choices[0])}; or {rc._describe_choice(choices[1])}, and no "
+        "node of the Ray cluster has that (nodes: {8 CPU}, {2 CPU, 1 GPU}). Add such a node, change the step's "
+        "resources, or set $MARIN_RAY_WAIT_FOR_NODES=1 if an autoscaler will add one"
+    )
+    assert "(nodes: no live nodes)" in rc._unsatisfiable_message("t", choices, [])
+
+
+# -- preparing ----------------------------------------------------------------------------------
+
+
+class FakeRay(types.SimpleNamespace):
+    pass
+
+
+def _backend_on(nodes, monkeypatch):
+    backend = RayBackend()
+    fake = FakeRay(nodes=lambda: nodes)
+    monkeypatch.setattr(backend, "_ray", lambda: fake)
+    return backend
+
+
+def test_prepare_picks_the_first_placeable_choice(monkeypatch):
+    resources = ResourceConfig(cpu=2, device=GpuConfig(count=2), device_alternatives=(GpuConfig(count=1),))
+    backend = _backend_on([node(CPU=4, GPU=1)], monkeypatch)
+    record = backend.prepare(_resolved(resources))
+    assert record["device"] == _choices(resources)[1].description
+    assert record["ray_options"]["num_gpus"] == 1
+    backend = _backend_on([node(CPU=4, GPU=2)], monkeypatch)
+    assert backend.prepare(_resolved(resources))["ray_options"]["num_gpus"] == 2
+
+
+def test_prepare_refuses_what_no_node_holds_unless_told_to_wait(monkeypatch):
+    resources = ResourceConfig(cpu=2, device=GpuConfig(count=2))
+    backend = _backend_on([node(CPU=4), node(CPU=1, GPU=2, alive=False)], monkeypatch)
+    monkeypatch.delenv(rc.WAIT_FOR_NODES_ENV, raising=False)
+    with pytest.raises(UnsatisfiableError) as caught:
+        backend.prepare(_resolved(resources))
+    assert str(caught.value) == rc._unsatisfiable_message("train", _choices(resources), [node(CPU=4)])
+    for value in ("1", " true ", "yes"):
+        monkeypatch.setenv(rc.WAIT_FOR_NODES_ENV, value)
+        assert backend.prepare(_resolved(resources)) == backend._dispatch_record(_choices(resources)[0])
+    monkeypatch.setenv(rc.WAIT_FOR_NODES_ENV, "0")
+    with pytest.raises(UnsatisfiableError):
+        backend.prepare(_resolved(resources))
+
+
+def test_light_steps_stay_in_the_driver_without_ray(monkeypatch):
+    backend = RayBackend()
+    monkeypatch.setattr(backend, "_ray", lambda: pytest.fail("connected for a light step"))
+    assert backend.prepare(_resolved(None)) == {"backend": "ray", "where": "driver"}
+
+
+def test_connecting_uses_the_address_then_ray_address(monkeypatch):
+    calls = []
+    fake = types.ModuleType("ray")
+    state = {"up": False}
+    fake.is_initialized = lambda: state["up"]
+    fake.init = lambda **kwargs: calls.append(kwargs) or state.update(up=True)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://env:1")
+    backend = RayBackend()
+    assert backend._ray() is fake
+    assert backend._ray() is fake
+    assert calls == [{"address": "ray://env:1", "ignore_reinit_error": True, "log_to_driver": True}]
+    state["up"] = False
+    RayBackend(address="ray://arg:2").start()
+    assert calls[-1]["address"] == "ray://arg:2"
+    monkeypatch.delenv("RAY_ADDRESS")
+    state["up"] = False
+    RayBackend()._ray()
+    assert calls[-1]["address"] is None
+    state["up"] = True
+    RayBackend()._ray()
+    assert len(calls) == 3  # already connected: no init
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def test_group_name_prefix_and_sys_path(monkeypatch):
+    step = _resolved(ResourceConfig.with_cpu(cpu=1), name="a" * 70)
+    name = rc._group_name(step)
+    import hashlib
+
+    assert name == f"marin-gang:{'a' * 60}:{hashlib.sha256(step.output_path.encode()).hexdigest()[:16]}"
+    assert rc._prefix_of(step) == "/tmp/unused"
+    monkeypatch.setattr(sys, "path", ["", "/a", ""])
+    assert rc._sys_path() == ["/a"]
+
+
+def test_an_unpicklable_step_is_refused_for_ray():
+    import dataclasses
+    import threading
+
+    import cloudpickle
+
+    step = _resolved(ResourceConfig.with_cpu(cpu=1))
+    assert cloudpickle.loads(rc._pickled(step)) == (record_interval, step.config)
+    with pytest.raises(StepFunctionError) as caught:
+        rc._pickled(dataclasses.replace(step, config=threading.Lock()))
+    message = str(caught.value)
+    assert message.startswith(
+        "step 'train': its function and config cannot be sent to a Ray worker (TypeError: "
+    )
+    assert message.endswith("; make them picklable")
+
+
+@pytest.mark.parametrize(("text", "value"), [("", None), ("  ", None), ("2.5", 2.5), (" 60 ", 60.0)])
+def test_placement_timeout(monkeypatch, text, value):
+    monkeypatch.setenv(rc.PLACEMENT_TIMEOUT_ENV, text)
+    assert rc._placement_timeout() == value
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "soon", "nan"])
+def test_a_bad_placement_timeout_is_refused(monkeypatch, text):
+    monkeypatch.setenv(rc.PLACEMENT_TIMEOUT_ENV, text)
+    with pytest.raises(StepRefused) as caught:
+        rc._placement_timeout()
+    assert str(caught.value) == f"$MARIN_RAY_PLACEMENT_TIMEOUT={text!r}: must be a positive number of seconds"
+
+
+def test_no_placement_timeout_by_default(monkeypatch):
+    monkeypatch.delenv(rc.PLACEMENT_TIMEOUT_ENV, raising=False)
+    assert rc._placement_timeout() is None
+
+
+# -- the gang's process 0 --------------------------------------------------------------------------
+
+
+class _Ref:
+    def __init__(self, value=None, error=None):
+        self.value, self.error = value, error
+
+
+def _fake_ray_module(monkeypatch, ready_refs, killed):
+    import ray  # the real exceptions
+
+    fake = types.ModuleType("ray")
+    fake.exceptions = ray.exceptions
+    waits = []
+
+    def wait(refs, num_returns=1, timeout=None):
+        waits.append((list(refs), num_returns, timeout))
+        ready = [r for r in refs if r in ready_refs]
+        return ready, [r for r in refs if r not in ready]
+
+    def get(ref):
+        if ref.error is not None:
+            raise ref.error
+        return ref.value
+
+    fake.wait, fake.get = wait, get
+    fake.kill = lambda actor, no_restart=False: killed.append((actor, no_restart))
+    fake.waits = waits
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    return fake
+
+
+def test_peers_all_succeeded_is_not_lost(monkeypatch):
+    results = [_Ref({"outcome": "succeeded", "error": None}), _Ref({"outcome": "succeeded", "error": None})]
+    killed = []
+    fake = _fake_ray_module(monkeypatch, results, killed)
+    assert rc._Peers(["a1", "a2"], results).lost(False) is None
+    assert fake.waits == [(results, 2, rc.GANG_FINISH_S)]
+    assert killed == []
+
+
+def test_a_peer_that_died_loses_the_gang_and_the_rest_are_killed(monkeypatch, capsys):
+    import ray
+
+    dead = _Ref(error=ray.exceptions.ActorDiedError())
+    slow = _Ref({"outcome": "succeeded", "error": None})
+    fine = _Ref({"outcome": "succeeded", "error": None})
+    killed = []
+    fake = _fake_ray_module(monkeypatch, [dead, fine], killed)
+    why = rc._Peers(["a1", "a2", "a3"], [fine, dead, slow]).lost(True)
+    assert why == "process 2 of 4 was lost (ActorDiedError)"
+    assert fake.waits == [([fine, dead, slow], 3, rc.GANG_GRACE_S)]
+    assert killed == [("a3", True)]
+    assert (
+        f"[executor] the gang is lost: {why}; recording nothing (the driver submits it again)"
+        in capsys.readouterr().out
+    )
+
+
+def test_a_peer_that_failed_after_process_0_succeeded_loses_the_gang(monkeypatch):
+    import ray
+
+    failed = _Ref({"outcome": "failed", "error": "ValueError: x"})
+    dead = _Ref(error=ray.exceptions.RayActorError())
+    killed = []
+    _fake_ray_module(monkeypatch, [failed, dead], killed)
+    assert rc._Peers(["a1", "a2"], [failed, dead]).lost(False) == (
+        "process 1 of 3 failed after process 0 finished: ValueError: x"
+    )
+    # process 0 failed too: a peer's failure is no loss, a dead peer still is
+    assert rc._Peers(["a1"], [failed]).lost(True) is None
+    assert rc._Peers(["a1", "a2"], [failed, dead]).lost(True) == "process 2 of 3 was lost (RayActorError)"
+    assert killed == []
+
+
+# -- the driver's side of a gang ------------------------------------------------------------------
+
+
+def _gang_backend(monkeypatch, ready_sets, values):
+    """A backend whose fake ray.wait returns, per call, the next set of ready refs."""
+    import ray
+
+    killed = []
+    waits = []
+    fake = types.SimpleNamespace(exceptions=ray.exceptions)
+
+    def wait(refs, num_returns=1, timeout=None):
+        waits.append((list(refs), timeout))
+        ready = ready_sets.pop(0)
+        return [r for r in ready if r in refs], []
+
+    def get(ref):
+        value = values[ref]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    fake.wait, fake.get = wait, get
+    fake.kill = lambda actor, no_restart=False: killed.append(actor)
+    backend = RayBackend()
+    return backend, fake, waits, killed
+
+
+def test_wait_gang_returns_process_0s_result(monkeypatch):
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=3))
+    values = {
+        "r0": {"outcome": "succeeded", "error": None},
+        "r1": {"outcome": "succeeded"},
+        "r2": {"outcome": "succeeded"},
+    }
+    backend, fake, waits, _ = _gang_backend(monkeypatch, [["r1"], ["r2"], ["r0"]], values)
+    records = [{"node": "n0"}, {"node": "n1"}, {"node": "n2"}]
+    assert backend._wait_gang(fake, "out", pair, ["r0", "r1", "r2"], records) == values["r0"]
+    assert [w[0] for w in waits] == [["r0", "r1", "r2"], ["r0", "r2"], ["r0"]]
+
+
+def test_wait_gang_a_lost_process_is_a_step_function_error_naming_its_node(monkeypatch):
+    import ray
+
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=3))
+    values = {
+        "r0": {"outcome": "succeeded"},
+        "r1": {"outcome": "succeeded"},
+        "r2": ray.exceptions.ActorDiedError(),
+    }
+    backend, fake, _, _ = _gang_backend(monkeypatch, [["r1"], ["r2"]], values)
+    records = [{"node": "n0"}, {"node": "n1"}, {"node": "n2"}]
+    with pytest.raises(StepFunctionError) as caught:
+        backend._wait_gang(fake, "out", pair, ["r0", "r1", "r2"], records)
+    assert type(caught.value) is StepFunctionError
+    assert str(caught.value) == "process 2 of 3 (Ray node n2) was lost: ActorDiedError"
+    backend._cancelled.add("out")
+    backend2, fake2, _, _ = _gang_backend(monkeypatch, [["r2"]], values)
+    backend2._cancelled.add("out")
+    with pytest.raises(StepCancelled, match=r"stopped: its Ray actors were killed \(Backend.cancel\)"):
+        backend2._wait_gang(fake2, "out", pair, ["r0", "r1", "r2"], records)
+
+
+def test_wait_gang_process_0_lost_its_gang(monkeypatch):
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    values = {"r0": {"outcome": "gang_lost", "error": "process 1 of 2 was lost (X)"}}
+    backend, fake, _, _ = _gang_backend(monkeypatch, [["r0"]], values)
+    with pytest.raises(StepFunctionError, match=r"^process 1 of 2 was lost \(X\)$"):
+        backend._wait_gang(fake, "out", pair, ["r0", "r1"], [{"node": "a"}, {"node": "b"}])
+
+
+def test_wait_gang_a_failed_peer_waits_for_process_0_then_gives_up(monkeypatch):
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    values = {"r0": {"outcome": "failed", "error": "E: 0"}, "r1": {"outcome": "failed", "error": "E: 1"}}
+    backend, fake, waits, _ = _gang_backend(monkeypatch, [["r1"], ["r0"], ["r0"]], values)
+    records = [{"node": "a"}, {"node": "b"}]
+    assert backend._wait_gang(fake, "out", pair, ["r0", "r1"], records) == values["r0"]
+    assert waits[1] == (["r0"], rc.GANG_GRACE_S)
+    backend, fake, waits, _ = _gang_backend(monkeypatch, [["r1"], []], values)
+    with pytest.raises(StepFunctionError) as caught:
+        backend._wait_gang(fake, "out", pair, ["r0", "r1"], records)
+    assert str(caught.value) == "process 1 of 2 failed (E: 1) and process 0 did not finish within 60 s"
+
+
+def test_cancel_and_close_stop_actors_and_gangs(monkeypatch):
+    killed = []
+    fake = types.ModuleType("ray")
+    fake.kill = lambda actor, no_restart=False: killed.append((actor, no_restart))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    stopped = []
+    monkeypatch.setattr(rc, "_stop_gang", lambda ray, gang: stopped.append((ray, gang)))
+    backend = RayBackend()
+    backend.cancel("nothing/here")
+    assert backend._is_cancelled("nothing/here") and not backend._is_cancelled("other")
+    assert killed == [] and stopped == []
+    backend._actors["a"] = "actor-a"
+    gang = rc._Gang(groups=["g"], actors=["x"])
+    backend._gangs["b"] = gang
+    backend.close()
+    assert killed == [("actor-a", True)]
+    assert stopped == [(fake, gang)]
+    assert backend._cancelled == {"nothing/here", "a", "b"}
+    assert isinstance(backend._lost("a", "m"), StepCancelled)
+    lost = backend._lost("c", "the message")
+    assert type(lost) is StepFunctionError and str(lost) == "the message"
+
+
+def _placement_group_module():
+    import importlib
+
+    return importlib.import_module("ray.util.placement_group")  # ray.util's attribute is the function
+
+
+def test_stop_gang_kills_actors_and_removes_groups(monkeypatch):
+    pg = _placement_group_module()
+    removed = []
+
+    def remove(group):
+        removed.append(group)
+        if group == "bad":
+            raise RuntimeError("already gone")
+
+    monkeypatch.setattr(pg, "remove_placement_group", remove)
+    killed = []
+
+    def kill(actor, no_restart=False):
+        killed.append((actor, no_restart))
+        if actor == "dead":
+            raise RuntimeError("gone")
+
+    rc._stop_gang(types.SimpleNamespace(kill=kill), rc._Gang(groups=["bad", "g2"], actors=["dead", "a2"]))
+    assert killed == [("dead", True), ("a2", True)]
+    assert removed == ["bad", "g2"]
+
+
+def test_a_step_host_coordinator_address_is_this_node_and_a_free_port(monkeypatch):
+    import ray.util
+
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.1.2.3")
+    address = rc.StepHost().coordinator_address()
+    host, port = address.rsplit(":", 1)
+    assert host == "10.1.2.3" and 0 < int(port) < 65536
+
+
+def test_gang_member_runs_the_function_with_its_environment_and_log(tmp_path, monkeypatch):
+    import cloudpickle
+    import ray
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(
+        ray, "get_runtime_context", lambda: types.SimpleNamespace(get_node_id=lambda: "node-7")
+    )
+    monkeypatch.setenv("WANDB_SERVICE", "driver-service")
+    monkeypatch.delenv("MARIN_PROCESS_ID", raising=False)
+    spec = types.SimpleNamespace(name="train", prefix=str(tmp_path), output_path=f"{tmp_path}/train-1")
+
+    def fn(config):
+        print(
+            f"member output {config} {os.environ.get('MARIN_PROCESS_ID')} {os.environ.get('WANDB_SERVICE')}"
+        )
+
+    blob = cloudpickle.dumps((fn, {"c": 1}))
+    result = rc.GangMember().run(blob, [str(tmp_path)], spec, 1, 2, {"MARIN_PROCESS_ID": "1"})
+    monkeypatch.delenv("MARIN_PROCESS_ID", raising=False)
+    assert result == {"outcome": "succeeded", "error": None}
+    assert sys.path[0] == str(tmp_path)
+    log = (tmp_path / "train-1" / "logs" / "process-1.log").read_text()
+    assert "[executor] train: process 1 of 2 on Ray node node-7, process" in log
+    assert "member output {'c': 1} 1 None" in log
+
+    def boom(config):
+        raise SystemExit(5)
+
+    failed = rc.GangMember().run(cloudpickle.dumps((boom, None)), [], spec, 1, 2, {})
+    assert failed == {"outcome": "failed", "error": "SystemExit: 5"}
+
+
+# -- a single hosted step in an actor ------------------------------------------------------------
+
+
+class _Timers:
+    """Stands in for threading.Timer in StepHost.run (the real one would end this process)."""
+
+    def __init__(self):
+        self.made = []
+
+    def __call__(self, interval, function, args=()):
+        timers = self
+
+        class Timer:
+            daemon = False
+
+            def start(self):
+                timers.made.append((interval, function, args, self.daemon))
+
+        return Timer()
+
+
+def test_step_host_runs_the_step_with_its_log_and_exits_later(tmp_path, monkeypatch):
+    import cloudpickle
+    import ray
+
+    from executor.backends import host
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(
+        ray, "get_runtime_context", lambda: types.SimpleNamespace(get_node_id=lambda: "node-3")
+    )
+    monkeypatch.setenv("WANDB_SERVICE", "driver-service")
+    timers = _Timers()
+    monkeypatch.setattr(rc.threading, "Timer", timers)
+    calls = []
+
+    def fake_run_hosted(spec, fn, config, **kwargs):
+        calls.append((spec, config, sorted(kwargs), os.environ.get("WANDB_SERVICE")))
+        fn(config)
+        return {"outcome": "succeeded", "error": None}
+
+    monkeypatch.setattr(host, "run_hosted", fake_run_hosted)
+    spec = types.SimpleNamespace(name="train", prefix=str(tmp_path), output_path=f"{tmp_path}/train-1")
+    blob = cloudpickle.dumps((print, "the step ran"))
+    assert rc.StepHost().run(blob, [str(tmp_path)], spec) == {"outcome": "succeeded", "error": None}
+    assert calls == [(spec, "the step ran", [], None)]
+    assert sys.path[0] == str(tmp_path)
+    log = (tmp_path / "train-1" / ".executor_log").read_text()
+    assert f"[executor] train: on Ray node node-3, process {os.getpid()}" in log
+    assert "the step ran" in log
+    ((interval, function, args, daemon),) = timers.made
+    assert (interval, function, daemon) == (rc.ACTOR_LINGER_S, rc._exit, True)
+    assert args[0] == []  # no gang: no placement group to remove
+
+
+class _Actor:
+    def __init__(self, result):
+        self.run = types.SimpleNamespace(remote=lambda *args: ("run", args, result))
+
+
+def _actor_ray(result, killed, made):
+    import ray
+
+    def get(ref):
+        value = ref[2]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def remote(cls):
+        def options(**kwargs):
+            made.append((cls, kwargs))
+            return types.SimpleNamespace(remote=lambda: _Actor(result))
+
+        return types.SimpleNamespace(options=options)
+
+    return types.SimpleNamespace(
+        exceptions=ray.exceptions,
+        get=get,
+        remote=remote,
+        kill=lambda actor, no_restart=False: killed.append(no_restart),
+    )
+
+
+def test_a_single_hosted_step_runs_in_a_detached_actor(monkeypatch):
+    killed, made = [], []
+    backend = RayBackend()
+    monkeypatch.setattr(
+        backend, "_ray", lambda: _actor_ray({"outcome": "succeeded", "error": None}, killed, made)
+    )
+    step = _resolved(ResourceConfig.with_cpu(cpu=2))
+    dispatch = {"ray_options": {"num_gpus": 1}}
+    assert backend.call_hosted(step, dispatch, "spec") == {"outcome": "succeeded", "error": None}
+    ((cls, options),) = made
+    assert cls is rc.StepHost
+    assert (
+        options["name"].startswith("marin-step:train:")
+        and len(options["name"]) == len("marin-step:train:") + 8
+    )
+    assert options | {"name": None} == {
+        "name": None,
+        "namespace": "marin-executor",
+        "lifetime": "detached",
+        "max_restarts": 0,
+        "num_gpus": 1,
+        "num_cpus": 1,
+    }
+    assert dispatch == {"ray_options": {"num_gpus": 1}}  # not changed in place
+    assert killed == [True]  # once its result is read
+    assert backend._actors == {} and backend._cancelled == set()
+
+
+def test_a_lost_actor_is_a_step_function_error_and_a_cancelled_one_says_so(monkeypatch):
+    import ray
+
+    killed, made = [], []
+    backend = RayBackend()
+    monkeypatch.setattr(backend, "_ray", lambda: _actor_ray(ray.exceptions.ActorDiedError(), killed, made))
+    step = _resolved(ResourceConfig.with_cpu(cpu=2))
+    with pytest.raises(StepFunctionError) as caught:
+        backend.call_hosted(step, {"ray_options": {"num_cpus": 3}}, "spec")
+    assert type(caught.value) is StepFunctionError
+    assert str(caught.value) == "the Ray worker running it was lost: ActorDiedError"
+    assert made[0][1]["num_cpus"] == 3
+    backend._cancelled.add(step.output_path)  # cancelled before it started: killed at once
+    with pytest.raises(StepCancelled, match=r"stopped: its Ray actor was killed \(Backend.cancel\)"):
+        backend.call_hosted(step, {"ray_options": {}}, "spec")
+    assert killed == [True, True, True]
+    assert backend._cancelled == set()
