@@ -378,9 +378,12 @@ class LeaseManager:
     def _tell_keeper(self, op: str, path: str, data: bytes | None = None) -> bool:
         from executor.lease_keeper import KeeperGone
 
+        interval = self.config.heartbeat_interval if op == "hold" else None
         try:
-            interval = self.config.heartbeat_interval if op == "hold" else None
-            self._keeper_client().send(op, path, data, interval, self.worker_id)
+            try:
+                self._keeper_client().send(op, path, data, interval, self.worker_id)
+            except KeeperGone:  # it died since it was last seen running: start another, once
+                self._keeper_client().send(op, path, data, interval, self.worker_id)
             return True
         except KeeperGone as error:
             logger.error("could not reach the lease keeper: %s", error)

@@ -68,6 +68,12 @@ import time
 LOST_EXIT_CODE = 3
 
 
+ALIVE_CHECK_S = 1.0
+"""`shared_keeper` asks the operating system whether its keeper still runs (a `waitpid`) at
+most this often; in between, a keeper that died is found by the broken pipe of the next
+message. (Asking before every message cost a cold step two system calls.)"""
+
+
 class KeeperGone(RuntimeError):
     """The keeper process is not there any more (it died, or was never started)."""
 
@@ -95,6 +101,8 @@ class LeaseKeeper:
         )
         self._lock = threading.Lock()  # one request (and its answer) at a time
         self._ready = False
+        self._gone = False  # a write or read found the process gone
+        self._seen_alive = 0.0  # monotonic time `alive()` last found it running
 
     def send(
         self,
@@ -122,13 +130,25 @@ class LeaseKeeper:
             self._write({"op": op, "path": path, "worker": worker})
             line = self._process.stdout.readline()
         if not line:
+            self._gone = True
             raise KeeperGone(f"the lease keeper (pid {self._process.pid}) exited: {self._process.poll()}")
         answer = json.loads(line)
         data = answer.get("bytes")
         return bool(answer.get("ok")), None if data is None else data.encode("latin-1")
 
     def alive(self) -> bool:
-        return self._process.poll() is None
+        if self._gone or self._process.poll() is not None:
+            return False
+        self._seen_alive = time.monotonic()
+        return True
+
+    def usable(self) -> bool:
+        """Fit to take the next message: not found gone by a write or read, and seen running
+        within the last ALIVE_CHECK_S. A keeper that dies between two checks is found by the
+        next write (a broken pipe), and the caller asks `shared_keeper` again."""
+        if self._gone:
+            return False
+        return time.monotonic() - self._seen_alive < ALIVE_CHECK_S or self.alive()
 
     @property
     def pid(self) -> int:
@@ -163,6 +183,7 @@ class LeaseKeeper:
         try:
             self._process.stdin.write(json.dumps(message).encode() + b"\n")
         except (BrokenPipeError, ValueError) as error:  # (ValueError: the pipe was closed)
+            self._gone = True
             raise KeeperGone(f"the lease keeper (pid {self._process.pid}) is gone: {error}") from None
 
 
@@ -176,7 +197,7 @@ def shared_keeper(prefix: str) -> LeaseKeeper:
     kind = prefix.split("://", 1)[0] if "://" in prefix else "file"
     with _KEEPERS_LOCK:
         keeper = _KEEPERS.get(kind)
-        if keeper is None or not keeper.alive():
+        if keeper is None or not keeper.usable():
             keeper = _KEEPERS[kind] = LeaseKeeper(prefix)
         return keeper
 

@@ -43,6 +43,7 @@ from executor.tree import (
     StatusFileError,
     read_info,
     read_last_status,
+    read_last_status_local,
     recorded_config,
     utc_now_iso,
 )
@@ -184,11 +185,17 @@ def _read_statuses(
 ) -> dict[str, StepStatus]:
     # Local reads take microseconds: a thread pool costs more than it saves. Remote reads
     # take a round trip each, so they go in parallel, in batches to keep task overhead low.
-    if store.local_path("/") is not None or len(steps) <= 1:
-        return {
-            step.output_path: None if step.output_path in absent else _read_status(store, step.output_path)
-            for step in steps
-        }
+    if store.local_path("/") is not None:
+        statuses: dict[str, StepStatus] = {}
+        for step in steps:
+            path = step.output_path
+            try:
+                statuses[path] = None if path in absent else read_last_status_local(store, path)
+            except StatusFileError as error:
+                statuses[path] = error  # this step's problem only: planned as an error row
+        return statuses
+    if len(steps) <= 1:
+        return {step.output_path: _read_status(store, step.output_path) for step in steps}
     from concurrent.futures import ThreadPoolExecutor  # (imported only for object stores)
 
     batches = [steps[i : i + 64] for i in range(0, len(steps), 64)]

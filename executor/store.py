@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import stat
@@ -71,6 +72,18 @@ class FileInfo:
 def _random_hex() -> str:
     """32 random hex digits, as `uuid.uuid4().hex` (without importing uuid and platform)."""
     return os.urandom(16).hex()
+
+
+_TEMP_SALT = _random_hex()[:12]
+"""Random per import: with the process id and a counter it names temporary files uniquely
+without a `getrandom` call per file (a forked child has another pid)."""
+
+_TEMP_COUNTER = itertools.count()
+
+
+def _temp_name(name: str) -> str:
+    """`.tmp-<unique>-<name>`: the prefix every reader and cleaner knows as temporary."""
+    return f".tmp-{_TEMP_SALT}{os.getpid():x}{next(_TEMP_COUNTER):06x}-{name}"
 
 
 def _to_bytes(data: bytes | str) -> bytes:
@@ -409,8 +422,12 @@ class LocalStore(Store):
     def write_atomic(self, path: str, data: bytes | str) -> None:
         target = self.fs_path(path)
         directory, name = os.path.split(target)
-        temp = os.path.join(directory, f".tmp-{_random_hex()}-{name}")
-        fd = _open_making_parents(temp, _CREATE)
+        temp = os.path.join(directory, _temp_name(name))
+        try:
+            fd = _open_making_parents(temp, _CREATE)
+        except FileExistsError:  # left by a killed process that had our pid and salt: draw anew
+            temp = os.path.join(directory, f".tmp-{_random_hex()}-{name}")
+            fd = _open_making_parents(temp, _CREATE)
         try:
             try:
                 _write_all(fd, _to_bytes(data))
@@ -490,8 +507,13 @@ class LocalStore(Store):
         directory = os.path.dirname(self.fs_path(path))
         try:
             fd = os.open(directory, os.O_RDONLY)
-        except FileNotFoundError:
-            os.makedirs(directory, exist_ok=True)
+        except FileNotFoundError:  # a new step's directory: its parent usually exists
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                os.makedirs(directory, exist_ok=True)
             fd = os.open(directory, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -238,14 +238,20 @@ def count_status_reads(monkeypatch) -> list[str]:
     import executor.runner
 
     seen: list[str] = []
-    original = executor.tree.read_last_status
 
-    def counting(store, output_path):
-        seen.append(output_path)
-        return original(store, output_path)
+    def counted(original):
+        def counting(store, output_path):
+            seen.append(output_path)
+            return original(store, output_path)
 
-    monkeypatch.setattr(executor.plan, "read_last_status", counting)
-    monkeypatch.setattr(executor.runner, "read_last_status", counting)
+        return counting
+
+    monkeypatch.setattr(executor.plan, "read_last_status", counted(executor.tree.read_last_status))
+    # The plan's reader for local trees (it falls back to read_last_status, counted once here).
+    monkeypatch.setattr(
+        executor.plan, "read_last_status_local", counted(executor.tree.read_last_status_local)
+    )
+    monkeypatch.setattr(executor.runner, "read_last_status", counted(executor.tree.read_last_status))
     return seen
 
 

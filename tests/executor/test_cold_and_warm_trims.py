@@ -1,0 +1,197 @@
+"""The system calls and locks taken out of a step's bookkeeping change nothing a user sees.
+
+Each trim (docs/benchmarks.md, "2026-11-23, seventh session") is pinned here against the
+general path it shortcuts: the plan's status reader for local trees, the step's digest cached
+without a lock, temporary names drawn without `getrandom`, the lease directory made without
+`makedirs`, and the keeper's liveness checked on failure rather than before every message.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from executor import Executor, ExecutorStep, lease_keeper, this_output_path, versioned
+from executor.graph import resolve
+from executor.lease import LeaseConfig, LeaseManager
+from executor.lease_keeper import shared_keeper
+from executor.store import LocalStore
+from executor.tree import (
+    STATUS_TAIL_BYTES,
+    Status,
+    StatusFileError,
+    append_status,
+    lease_path,
+    read_last_status,
+    read_last_status_local,
+    status_path,
+)
+from tests.executor.steps_for_tests import WriteConfig, write_value
+
+OUR_SUCCESS = (
+    '{"config_digest": "' + "a" * 64 + '", "date": "2026-11-23T10:00:00.123Z", "duration_s": 0.5, '
+    '"message": null, "status": "SUCCESS", "version_hash": "' + "b" * 64 + '", "worker": "host:1:abc"}'
+)
+RUNNING = '{"date": "2026-11-23T10:00:00.000Z", "message": null, "status": "RUNNING", "worker": "w"}'
+
+STATUS_FILES = {
+    "our success line": (RUNNING + "\n" + OUR_SUCCESS + "\n").encode(),
+    "our success line, no final newline": (RUNNING + "\n" + OUR_SUCCESS).encode(),
+    "success with an integer duration": OUR_SUCCESS.replace('"duration_s": 0.5', '"duration_s": 3').encode(),
+    "success with an exponent duration": OUR_SUCCESS.replace(
+        '"duration_s": 0.5', '"duration_s": 1e-05'
+    ).encode(),
+    "success then CRLF": (OUR_SUCCESS + "\r\n").encode(),
+    "success then blank lines": (OUR_SUCCESS + "\n\n\n").encode(),
+    "running last": (OUR_SUCCESS + "\n" + RUNNING + "\n").encode(),
+    "success with a message": OUR_SUCCESS.replace('"message": null', '"message": "ok"').encode(),
+    "success with a non-ASCII worker": OUR_SUCCESS.replace("host:1:abc", "hôst").encode(),
+    "a success line written by someone else": b'{"status": "SUCCESS"}\n',
+    "Marin's one-word format": b"SUCCESS",
+    "empty": b"",
+    "only newlines": b"\n\n",
+    "garbage": b"{not json\n",
+    "not UTF-8": b"\xff\xfe\n",
+    "a digest too short": OUR_SUCCESS.replace("a" * 64, "a" * 63).encode(),
+    "an unknown status": b'{"status": "DONE"}\n',
+    "a long history": (RUNNING + "\n") * (STATUS_TAIL_BYTES // len(RUNNING) + 5)
+    + OUR_SUCCESS.encode().decode(),
+}
+
+
+def _outcome(reader, store, output_path):
+    try:
+        event = reader(store, output_path)
+    except StatusFileError as error:
+        return ("error", str(error))
+    if event is None:
+        return None
+    return (event.date, event.status, event.message, event.worker, event.extra)
+
+
+@pytest.mark.parametrize("content", list(STATUS_FILES.values()), ids=list(STATUS_FILES))
+def test_the_local_status_reader_reads_what_the_general_one_reads(tmp_path, content):
+    output = tmp_path / "step-0"
+    output.mkdir()
+    (output / ".executor_status").write_bytes(content if isinstance(content, bytes) else content.encode())
+    store = LocalStore()
+    assert _outcome(read_last_status_local, store, str(output)) == _outcome(
+        read_last_status, store, str(output)
+    )
+
+
+def test_the_local_status_reader_parses_our_success_line_itself(tmp_path, monkeypatch):
+    """The line our runner writes never reaches the general parser (that is the point)."""
+    import executor.tree
+
+    output = tmp_path / "step-0"
+    output.mkdir()
+    (output / ".executor_status").write_text(RUNNING + "\n" + OUR_SUCCESS + "\n")
+    monkeypatch.setattr(executor.tree, "read_last_status", lambda *_: pytest.fail("general path taken"))
+    event = read_last_status_local(LocalStore(), str(output))
+    assert event.status == Status.SUCCESS and event.worker == "host:1:abc"
+    assert event.extra == {"config_digest": "a" * 64, "duration_s": 0.5, "version_hash": "b" * 64}
+
+
+def test_the_local_status_reader_on_missing_files_and_directories(tmp_path):
+    store = LocalStore()
+    assert read_last_status_local(store, str(tmp_path / "absent")) is None
+    (tmp_path / "file").write_text("x")
+    assert read_last_status_local(store, str(tmp_path / "file")) is None  # its parent is a file
+    (tmp_path / "step" / ".executor_status").mkdir(parents=True)
+    with pytest.raises(StatusFileError, match="directory"):
+        read_last_status_local(store, str(tmp_path / "step"))
+
+
+def test_a_cached_rerun_plans_every_step_skipped_through_the_local_reader(tmp_path):
+    steps = [
+        ExecutorStep(name=f"s{i}", fn=write_value, config=WriteConfig(this_output_path(), versioned(i)))
+        for i in range(5)
+    ]
+    Executor(str(tmp_path), console=False).run(steps)
+    plan = Executor(str(tmp_path), console=False).run(steps, dry_run=True)
+    assert [row.action.value for row in plan.rows] == ["skip"] * 5
+    assert [row.unversioned_changes for row in plan.rows] == [()] * 5
+
+
+def test_a_step_digest_is_computed_once_and_kept(tmp_path, monkeypatch):
+    import executor.graph
+
+    graph = resolve([ExecutorStep(name="s", fn=write_value, config=WriteConfig(this_output_path(), 1))], "/p")
+    step = graph.steps[0]
+    calls = []
+    original = executor.graph.canonical_json
+    monkeypatch.setattr(executor.graph, "canonical_json", lambda value: calls.append(1) or original(value))
+    first = step.config_digest
+    assert step.config_digest == first and len(calls) == 1
+    assert step.__dict__["config_digest"] == first
+    assert type(step).config_digest.__doc__.startswith("Hash of the whole concrete config")
+
+
+def test_temporary_names_are_unique_and_a_leftover_one_is_stepped_around(tmp_path, monkeypatch):
+    import executor.store
+
+    store = LocalStore()
+    names = {executor.store._temp_name("x") for _ in range(1000)}
+    assert len(names) == 1000 and all(name.startswith(".tmp-") and name.endswith("-x") for name in names)
+    # A file left by a killed process with our pid and salt, under the next name we draw:
+    upcoming = executor.store._temp_name("f")
+    monkeypatch.setattr(executor.store, "_temp_name", lambda name: upcoming)
+    (tmp_path / upcoming).write_text("left over")
+    store.write_atomic(str(tmp_path / "f"), b"new")
+    assert (tmp_path / "f").read_bytes() == b"new"
+    assert (tmp_path / upcoming).read_text() == "left over"  # not ours to remove
+    assert sorted(os.listdir(tmp_path)) == sorted([upcoming, "f"])
+
+
+def test_a_lease_is_created_in_a_directory_whose_parents_are_missing(tmp_path):
+    store = LocalStore()
+    deep = tmp_path / "a" / "b" / "c"
+    assert store.compare_and_swap(str(deep / ".executor_status.lock"), None, b"mine")
+    assert (deep / ".executor_status.lock").read_bytes() == b"mine"
+    shallow = tmp_path / "d"  # the usual case: the parent exists, the step's directory not
+    assert store.compare_and_swap(str(shallow / ".executor_status.lock"), None, b"mine")
+    assert not store.compare_and_swap(str(shallow / ".executor_status.lock"), None, b"other")
+
+
+def test_a_keeper_killed_between_messages_is_replaced_and_the_lease_still_kept(tmp_path):
+    """Liveness is asked at most once a second; a keeper that died meanwhile is found by the
+    broken pipe of the next message, which then goes to a new keeper (not to our thread)."""
+    keeper = shared_keeper(str(tmp_path))
+    assert keeper.alive()
+    os.kill(keeper.pid, signal.SIGKILL)
+    keeper.wait(timeout=10)
+    assert keeper.usable()  # seen running under a second ago: not asked again yet
+    manager = LeaseManager(
+        LocalStore(), LeaseConfig(heartbeat_interval=0.2, timeout=5), "host:1:w", keeper_prefix=str(tmp_path)
+    )
+    output = str(tmp_path / "step")
+    try:
+        assert manager.try_acquire(output).acquired
+        replacement = lease_keeper._KEEPERS["file"]
+        assert replacement is not keeper and replacement.alive() and not keeper.usable()
+        assert manager._thread is None  # the lease went to the new keeper, not to a thread
+        written = os.stat(lease_path(output)).st_mtime
+        stop = threading.Event()
+        stop.wait(0.8)
+        assert os.stat(lease_path(output)).st_mtime > written  # the new keeper refreshes it
+        append_status(manager.store, output, Status.SUCCESS, None, manager.worker_id)
+    finally:
+        manager.release(output)
+        manager.close()
+    assert not os.path.exists(lease_path(output)) and os.path.exists(status_path(output))
+
+
+def test_the_local_status_reader_names_the_file_on_other_storage_errors(tmp_path):
+    """An unreadable status file (here a symlink loop: ELOOP) is a StoreError naming it, as
+    the general reader says -- never a bare OSError."""
+    from executor.store import StoreError
+
+    output = tmp_path / "step"
+    output.mkdir()
+    os.symlink(".executor_status", output / ".executor_status")
+    with pytest.raises(StoreError, match=r"cannot read .*step/\.executor_status"):
+        read_last_status_local(LocalStore(), str(output))
