@@ -87,7 +87,12 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
     if names is not None:  # fast path: a dataclass type seen before
         out = {"__type__": kind.__qualname__}
         for name in names:
-            out[name] = encode(getattr(value, name), f"{path}.{name}" if path else name, strict, depth)
+            item = getattr(value, name)
+            item_kind = type(item)
+            if item_kind is str or item_kind is int or item_kind is bool or item is None:
+                out[name] = item  # a leaf, as the first line of `encode` would return it
+            else:
+                out[name] = encode(item, f"{path}.{name}" if path else name, strict, depth)
         return out
     if kind is float and math.isfinite(value):
         return value

@@ -195,3 +195,34 @@ def test_the_local_status_reader_names_the_file_on_other_storage_errors(tmp_path
     os.symlink(".executor_status", output / ".executor_status")
     with pytest.raises(StoreError, match=r"cannot read .*step/\.executor_status"):
         read_last_status_local(LocalStore(), str(output))
+
+
+def test_a_dataclass_seen_before_encodes_its_fields_as_the_first_time():
+    """`encode` takes a shortcut for leaf fields of a dataclass type it has seen; a field
+    that is no plain leaf (a non-finite float, an enum, a nested value) still goes the long way."""
+    import dataclasses
+    import enum
+
+    from executor.fingerprint import UnencodableValueError, encode
+
+    class Colour(enum.Enum):
+        RED = "red"
+
+    @dataclasses.dataclass(frozen=True)
+    class Point:
+        x: object
+        y: object = None
+
+    for _ in range(2):  # the first call registers the type, the second takes the shortcut
+        assert encode(Point(1, "a")) == {"__type__": Point.__qualname__, "x": 1, "y": "a"}
+        assert encode(Point(True, None)) == {"__type__": Point.__qualname__, "x": True, "y": None}
+        assert encode(Point(float("inf")), strict=False)["x"] == "inf"
+        with pytest.raises(UnencodableValueError, match="x"):
+            encode(Point(float("nan")))
+        assert encode(Point(Colour.RED))["x"] == encode(Colour.RED)
+        assert encode(Point([1, (2, 3)]))["x"] == [1, [2, 3]]
+        assert encode(Point((1, 2), {"k": (3,)})) == {
+            "__type__": Point.__qualname__,
+            "x": [1, 2],
+            "y": {"k": [3]},
+        }
