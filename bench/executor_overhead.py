@@ -626,6 +626,8 @@ def median(values: list[float]) -> float:
 
 
 def new_prefix(tmp_root: str | None, label: str, made: list[str]) -> str:
+    if tmp_root is not None:
+        os.makedirs(tmp_root, exist_ok=True)  # --tmp-dir may name a folder not made yet
     path = tempfile.mkdtemp(prefix=f"executor-bench-{label}-", dir=tmp_root)
     made.append(path)
     return path
