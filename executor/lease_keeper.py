@@ -427,5 +427,8 @@ def main(spec_json: str) -> int:
     except Exception as error:  # the driver falls back to heartbeats from a thread
         print(f"lease keeper: cannot open {spec['prefix']}: {error}", file=sys.stderr, flush=True)
         return 2
-    os.write(1, b"ready\n")
-    return _Keeper(store, int(spec["kill_pid"])).run()
+    try:
+        os.write(1, b"ready\n")
+        return _Keeper(store, int(spec["kill_pid"])).run()
+    except BrokenPipeError:  # the driver exited first (a run over in milliseconds): nothing to keep
+        return 0

@@ -443,3 +443,24 @@ def test_on_object_storage_the_keeper_refreshes_the_lease_while_a_step_holds_the
     age = float(executor.store.read_text(f"{executor.output_paths[step]}/heartbeat_age"))
     assert age < 1.0, f"the lease's last heartbeat was {age:.2f} s old when the step looked"
     assert shared_keeper(prefix).alive()
+
+
+def test_a_keeper_whose_driver_is_gone_before_it_is_ready_exits_without_a_traceback(tmp_path):
+    """A run that ends within milliseconds may exit before its keeper says it is up: the
+    keeper's first write meets a closed pipe. That is no error to show the user."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the driver is gone before the keeper writes its first line
+    spec = json.dumps({"prefix": str(tmp_path), "kill_pid": os.getpid()})
+    entry = "import sys; from executor.lease_keeper import main; sys.exit(main(sys.argv[1]))"
+    try:
+        keeper = subprocess.run(
+            [sys.executable, "-c", entry, spec],
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (keeper.returncode, keeper.stderr) == (0, "")
