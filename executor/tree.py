@@ -116,13 +116,7 @@ class StatusEvent:
         """Parse one line; ValueError saying what is wrong when it is not a status event."""
         fast = _OUR_SUCCESS_LINE.fullmatch(line)
         if fast is not None:  # the line our runner writes on success: no general JSON parse
-            digest, date, duration, version_hash, worker = fast.groups()
-            extra = {
-                "config_digest": digest,
-                "duration_s": float(duration) if "." in duration or "e" in duration else int(duration),
-                "version_hash": version_hash,
-            }
-            return StatusEvent(date=date, status=Status.SUCCESS, message=None, worker=worker, extra=extra)
+            return _our_success_event(fast)
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
@@ -150,6 +144,17 @@ _OUR_SUCCESS_LINE = re.compile(
 """The SUCCESS line `append_status` writes, exactly (sorted keys, `json.dumps` spacing): most
 of what a cached re-run reads. Its values need no unescaping and decode as JSON would;
 any other line goes through `json.loads` and the checks below."""
+
+def _our_success_event(match: re.Match) -> StatusEvent:
+    """The event of a line `_OUR_SUCCESS_LINE` matched."""
+    digest, date, duration, version_hash, worker = match.groups()
+    extra = {
+        "config_digest": digest,
+        "duration_s": float(duration) if "." in duration or "e" in duration else int(duration),
+        "version_hash": version_hash,
+    }
+    return StatusEvent(date=date, status=Status.SUCCESS, message=None, worker=worker, extra=extra)
+
 
 _STRING_EXTRAS = ("version_hash", "config_digest")
 """Extra fields the planner compares as strings."""
@@ -271,13 +276,7 @@ def read_last_status_local(store: Store, output_path: str) -> StatusEvent | None
         end = len(text) - 1 if text.endswith("\n") else len(text)
         fast = _OUR_SUCCESS_LINE.fullmatch(text, text.rfind("\n", 0, end) + 1, end)
         if fast is not None:
-            digest, date, duration, version_hash, worker = fast.groups()
-            extra = {
-                "config_digest": digest,
-                "duration_s": float(duration) if "." in duration or "e" in duration else int(duration),
-                "version_hash": version_hash,
-            }
-            return StatusEvent(date=date, status=Status.SUCCESS, message=None, worker=worker, extra=extra)
+            return _our_success_event(fast)
     return read_last_status(store, output_path)
 
 
