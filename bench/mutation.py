@@ -82,12 +82,7 @@ class Target:
 _EXECUTOR_TESTS = ("tests/executor", "tests/marin/test_untrusted_trees.py")
 # s3 runs the store contract against SeaweedFS (seconds to start, same code path as memory://).
 # The script-line test checks which frame raised, and mutmut's trampolines add frames.
-# The keeper-sharing test asserts on the process-wide set of lease keepers, which holds a gs://
-# keeper when the store-contract tests ran before it in the same process (mutmut's clean run).
-_EXECUTOR_SELECT = (
-    "not s3 and not test_an_invalid_step_name_at_the_top_of_a_script"
-    " and not test_runs_in_one_process_share_one_keeper_and_a_tree_in_memory_uses_none"
-)
+_EXECUTOR_SELECT = "not s3 and not test_an_invalid_step_name_at_the_top_of_a_script"
 # Subprocess-only: the same CLI cases run in this process in test_mutation_guards.py.
 # test_durable.py starts and kills whole drivers (experiment scripts in subprocesses): during
 # mutmut's stats phase those run the trampolined copy, whose output never reached the test
@@ -375,12 +370,182 @@ EQUIVALENT: dict[tuple[str, str], str] = {
 }
 
 
+# executor/template.py: encode_template threads the field path (`path`) down to nested calls, but
+# nothing it returns reads it and it raises nothing, so a mutant that changes only the path is
+# equivalent. A MirroredValue holds a str or versioned(str) (mirrored() refuses anything else), so
+# encoding it never calls output_path_of.
+_ENCODE_PATH = (
+    "encode_template's `path` is only passed down: nothing it returns reads it, and it raises nothing"
+)
+_MIRRORED_PATH = "a MirroredValue holds a str or versioned(str), so encoding it never calls output_path_of"
+EQUIVALENT.update(
+    {
+        ("encode_template", 'return f"{path}.{key}" if (path) and False else key'): _ENCODE_PATH,
+        ("encode_template", 'return f"{path}.{key}" if (path) or True else key'): _ENCODE_PATH,
+        (
+            "encode_template",
+            'return {"__versioned__": encode_template(value.value, output_path_of, None)}',
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            'return {"__versioned__": encode_template(value.value, output_path_of, )}',
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            '"__mirrored__": encode_template(value.value, output_path_of, None),',
+        ): _ENCODE_PATH,
+        ("encode_template", '"__mirrored__": encode_template(value.value, output_path_of, ),'): _ENCODE_PATH,
+        (
+            "encode_template",
+            "f.name: encode_template(getattr(value, f.name), output_path_of, None)",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "f.name: encode_template(getattr(value, f.name), output_path_of, )",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "f.name: encode_template(getattr(value, f.name), output_path_of, child(None))",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            '"__tuple__": [encode_template(v, output_path_of, None) for i, v in enumerate(value)]',
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            '"__tuple__": [encode_template(v, output_path_of, ) for i, v in enumerate(value)]',
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "return [encode_template(v, output_path_of, None) for i, v in enumerate(value)]",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "return [encode_template(v, output_path_of, ) for i, v in enumerate(value)]",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "items = [encode_template(v, output_path_of, None) for v in value]",
+        ): _ENCODE_PATH,
+        ("encode_template", "items = [encode_template(v, output_path_of, ) for v in value]"): _ENCODE_PATH,
+        (
+            "encode_template",
+            '"__dict__": [[k, encode_template(v, output_path_of, None)] for k, v in value.items()]',
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            '"__dict__": [[k, encode_template(v, output_path_of, )] for k, v in value.items()]',
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            '"__dict__": [[k, encode_template(v, output_path_of, child(None))] for k, v in value.items()]',
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "return {k: encode_template(v, output_path_of, None) for k, v in value.items()}",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "return {k: encode_template(v, output_path_of, ) for k, v in value.items()}",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "return {k: encode_template(v, output_path_of, child(None)) for k, v in value.items()}",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "[encode_template(k, output_path_of, None), encode_template(v, output_path_of, child(str(k)))]",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "[encode_template(k, output_path_of, ), encode_template(v, output_path_of, child(str(k)))]",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "[encode_template(k, output_path_of, path), encode_template(v, output_path_of, None)]",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "[encode_template(k, output_path_of, path), encode_template(v, output_path_of, )]",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "[encode_template(k, output_path_of, path), encode_template(v, output_path_of, child(None))]",
+        ): _ENCODE_PATH,
+        (
+            "encode_template",
+            "[encode_template(k, output_path_of, path), encode_template(v, output_path_of, child(str(None)))]",
+        ): _ENCODE_PATH,
+        ("encode_template", '"__mirrored__": encode_template(value.value, None, path),'): _MIRRORED_PATH,
+        ("encode_template", '"__mirrored__": encode_template(value.value, path),'): _MIRRORED_PATH,
+    }
+)
+
+
+# executor/backends
+_MKSTEMP = (
+    "only the names of the child's payload and result files change (temporary files it is given by path)"
+)
+_PEERS_ZIP = "_Peers is built from the gang's member actors and their pending results: always as many of each"
+_NOT_TPU = "only CpuConfig and GpuConfig are not TPUs, and neither has a host_count: the default 1 is used either way"
+EQUIVALENT.update(
+    {
+        # child.py / local.py: the result is JSON with ensure_ascii (json.dump's default): ASCII in any encoding
+        (
+            "main",
+            'with open(temp, "w", encoding=None) as handle:',
+        ): "json.dump writes ASCII only (ensure_ascii)",
+        ("_read_result", "with open(result_path, encoding=None) as handle:"): (
+            "the child writes its result with json.dump's ensure_ascii: ASCII reads the same in any encoding"
+        ),
+        # heartbeat.py
+        ("main", "signal.signal(signal.SIGTERM, lambda *_: stop.append(None))"): (
+            "`while not stop` tests the list, and [None] is as non-empty as [True]"
+        ),
+        (
+            "_die_with_parent",
+            "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG",
+        ): ("dlopen(NULL) finds libc's prctl among the process's global symbols: the same call"),
+        # host.py
+        ("run_hosted", 'gang_lost = ""'): "gang_lost is only tested for truth, and '' is as false as None",
+        ("_start_heartbeat", '"bytes": mine.decode("LATIN-1"),'): "codec names are case-insensitive",
+        # local.py
+        ("request_of", 'kind = getattr(device, "kind", "XXcpuXX")'): (
+            "a device without `kind` is then neither 'tpu' nor 'gpu': no GPUs, as for 'cpu'"
+        ),
+        ("request_of", 'kind = getattr(device, "kind", "CPU")'): (
+            "a device without `kind` is then neither 'tpu' nor 'gpu': no GPUs, as for 'cpu'"
+        ),
+        # __init__.py
+        (
+            "child_env",
+            'env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", None)) if p)',
+        ): ("a missing PYTHONPATH is dropped by `if p` whether it reads as '' or None"),
+        # ray_cluster.py
+        (
+            "_choices",
+            'hosts = getattr(device, "host_count", 1) if (device.kind == "tpu") or True else 1',
+        ): _NOT_TPU,
+        ("_choices", 'hosts = getattr(device, "host_count", 2) if device.kind == "tpu" else 1'): (
+            "TpuConfig always has host_count: the default is never used"
+        ),
+        ("StepHost.coordinator_address", "with socket.socket(socket.AF_INET, ) as probe:"): (
+            "SOCK_STREAM is socket.socket's default type"
+        ),
+        ("_Peers.lost", "for actor, result in zip(self.actors, self.results, ):"): _PEERS_ZIP,
+        ("_Peers.lost", "for actor, result in zip(self.actors, self.results, strict=None):"): _PEERS_ZIP,
+        ("_Peers.lost", "for actor, result in zip(self.actors, self.results, strict=False):"): _PEERS_ZIP,
+    }
+)
+
+
 EQUIVALENT_PATTERNS: list[tuple[str, str]] = [
     # (regex, why): a one-line mutant whose old and new lines differ only inside matches of
     # the regex changes nothing a test can observe.
     (r'\b(desc|description)=("[^"]*"|None)', "only the label of a progress bar (tqdm / map_shards) changes"),
     (r"\bleave=(False|True|None)", "only whether a finished progress bar stays on screen changes"),
     (r'"(utf-8|UTF-8)"', "codec names are case-insensitive: 'UTF-8' is 'utf-8'"),
+    (r"tempfile\.mkstemp\(.*\)", _MKSTEMP),
 ]
 
 

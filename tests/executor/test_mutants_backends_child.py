@@ -110,3 +110,20 @@ def test_the_child_runs_the_real_host_end_to_end(tmp_path, monkeypatch):
     assert json.loads(result.read_text()) == {"outcome": "succeeded", "error": None}
     assert [event.status for event in read_status(store, spec.output_path)] == [Status.SUCCESS]
     assert b"hello host" in store.read_bytes(log_path(spec.output_path))
+
+
+def test_the_child_logs_info_records_with_their_level_and_logger(tmp_path, recorded, monkeypatch):
+    import logging
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    spec = _spec(tmp_path)
+    try:
+        assert child.main(_payload(tmp_path, spec, True), str(tmp_path / "r.json")) == 0
+        assert root.level == logging.INFO
+        (handler,) = root.handlers
+        assert handler.formatter._fmt == "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)

@@ -455,3 +455,26 @@ def test_tee_writes_both_and_survives_a_closed_log():
     assert tee.write("de") == 2
     tee.flush()
     assert original.getvalue() == "abcde"
+
+
+def test_tee_flush_survives_a_closed_log_file(tmp_path):
+    import threading
+
+    original = io.StringIO()
+    handle = open(tmp_path / "log", "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+    tee = _Tee(original, handle, threading.Lock())
+    tee.write("x")
+    handle.close()
+    tee.flush()  # a real file raises ValueError once closed: ignored
+    assert original.getvalue() == "x"
+
+
+def test_the_recorded_duration_is_in_milliseconds(tmp_path, monkeypatch):
+    spec = _spec(tmp_path)
+    store = _hand_over(spec)
+    monkeypatch.setattr(host, "_start_heartbeat", lambda *a: _FakeHeartbeat())
+    clock = iter([1000.0, 1000.0, 1001.23456])
+    monkeypatch.setattr(host, "time", types.SimpleNamespace(time=lambda: next(clock)))
+    assert run_hosted(spec, lambda c: None, None)["outcome"] == "succeeded"
+    (event,) = read_status(store, spec.output_path)
+    assert event.extra["duration_s"] == 1.235

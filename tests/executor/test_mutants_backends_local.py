@@ -414,3 +414,37 @@ def test_open_backend(monkeypatch):
     ray = open_backend("ray", ray_address="ray://head:10001")
     assert type(ray) is RayBackend and ray.address == "ray://head:10001"
     assert open_backend("ray").address is None
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitConfig:
+    output_path: str
+    code: int
+
+
+def exit_with(config: ExitConfig) -> None:
+    os._exit(config.code)
+
+
+def test_a_child_that_dies_without_a_result_names_its_exit_code(tmp_path):
+    import time as _time
+
+    from executor.backends.host import HostedStep
+    from executor.graph import resolve
+    from executor.store import open_store
+    from executor.tree import LeaseRecord, lease_path
+
+    step = ExecutorStep(
+        name="dies",
+        fn=exit_with,
+        config=ExitConfig(output_path=this_output_path(), code=versioned(7)),
+        resources=ResourceConfig.with_cpu(cpu=1),
+    )
+    resolved = resolve([step], str(tmp_path)).steps[0]
+    lease = LeaseRecord(worker="drv:1:aaaa", heartbeat=_time.time()).to_bytes()
+    open_store(str(tmp_path)).write_atomic(lease_path(resolved.output_path), lease)
+    spec = HostedStep("dies", str(tmp_path), resolved.output_path, lease, "drv:1:aaaa", 60.0, "h", "d")
+    with pytest.raises(StepFunctionError) as caught:
+        LocalBackend(cpus=1, gpus=0).call_hosted(resolved, {}, spec)
+    assert type(caught.value) is StepFunctionError
+    assert str(caught.value) == "the step's process died without a result (exit code 7)"

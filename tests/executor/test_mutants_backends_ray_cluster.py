@@ -93,7 +93,8 @@ def test_a_single_tpu_host_and_a_gang_of_gpu_replicas():
     assert slices.hosts_per_replica == 1 and not slices.multi_host_slices
     (pod,) = _choices(ResourceConfig.with_tpu("v4-32"))  # one slice of 4 hosts
     assert pod.processes == 4 and pod.replicas == 1 and pod.hosts_per_replica == 4
-    assert pod.multi_host_slices and "x" not in pod.description.split()[-1]
+    assert pod.multi_host_slices
+    assert pod.description == ResourceConfig.with_tpu("v4-32").devices()[0].describe()  # no " x1 slices"
     assert pod.bundles == ({"CPU": 1, "TPU": 4},) * 4
     assert pod.options["resources"] == {"TPU": 4, "TPU-v4-32-head": 1}
 
@@ -357,7 +358,9 @@ def test_an_unpicklable_step_is_refused_for_ray():
     assert message.endswith("; make them picklable")
 
 
-@pytest.mark.parametrize(("text", "value"), [("", None), ("  ", None), ("2.5", 2.5), (" 60 ", 60.0)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("", None), ("  ", None), ("2.5", 2.5), (" 60 ", 60.0), ("0.5", 0.5)]
+)
 def test_placement_timeout(monkeypatch, text, value):
     monkeypatch.setenv(rc.PLACEMENT_TIMEOUT_ENV, text)
     assert rc._placement_timeout() == value
@@ -462,7 +465,8 @@ def _gang_backend(monkeypatch, ready_sets, values):
     waits = []
     fake = types.SimpleNamespace(exceptions=ray.exceptions)
 
-    def wait(refs, num_returns=1, timeout=None):
+    def wait(refs, num_returns=None, timeout=None):
+        assert num_returns == 1 or timeout is not None
         waits.append((list(refs), timeout))
         ready = ready_sets.pop(0)
         return [r for r in ready if r in refs], []
@@ -757,3 +761,131 @@ def test_a_lost_actor_is_a_step_function_error_and_a_cancelled_one_says_so(monke
         backend.call_hosted(step, {"ray_options": {}}, "spec")
     assert killed == [True, True, True]
     assert backend._cancelled == set()
+
+
+def test_wait_gang_a_lost_gang_of_a_cancelled_step_is_cancelled(monkeypatch):
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    values = {"r0": {"outcome": "gang_lost", "error": "process 1 of 2 was lost (X)"}}
+    backend, fake, _, _ = _gang_backend(monkeypatch, [["r0"]], values)
+    backend._cancelled.add("out")
+    with pytest.raises(StepCancelled):
+        backend._wait_gang(fake, "out", pair, ["r0", "r1"], [{"node": "a"}, {"node": "b"}])
+
+
+def test_a_gang_dispatch_goes_to_the_gang_path(monkeypatch):
+    import cloudpickle
+
+    backend = RayBackend()
+    monkeypatch.setattr(backend, "_ray", lambda: types.SimpleNamespace())
+    calls = []
+    monkeypatch.setattr(backend, "_call_gang", lambda *args: calls.append(args) or {"outcome": "succeeded"})
+    step = _resolved(ResourceConfig(cpu=1, replicas=2))
+    dispatch = {"gang": {"processes": 2}, "ray_options": {}}
+    assert backend.call_hosted(step, dispatch, "spec") == {"outcome": "succeeded"}
+    ((got_step, got_dispatch, got_spec, blob),) = calls
+    assert (got_step, got_dispatch, got_spec) == (step, dispatch, "spec")
+    assert cloudpickle.loads(blob) == (record_interval, step.config)
+
+
+def test_the_actor_gets_the_step_the_import_path_and_the_spec(monkeypatch):
+    import cloudpickle
+
+    killed, made = [], []
+    fake = _actor_ray({"outcome": "succeeded", "error": None}, killed, made)
+    sent = []
+
+    class Recording(_Actor):
+        def __init__(self, result):
+            self.run = types.SimpleNamespace(remote=lambda *args: sent.append(args) or ("run", args, result))
+
+    fake.remote = lambda cls: types.SimpleNamespace(
+        options=lambda **kw: types.SimpleNamespace(
+            remote=lambda: Recording({"outcome": "succeeded", "error": None})
+        )
+    )
+    backend = RayBackend()
+    monkeypatch.setattr(backend, "_ray", lambda: fake)
+    monkeypatch.setattr(sys, "path", ["", "/p"])
+    step = _resolved(ResourceConfig.with_cpu(cpu=1))
+    backend.call_hosted(step, {"ray_options": {}}, "the-spec")
+    ((blob, sys_path, spec),) = sent
+    assert cloudpickle.loads(blob) == (record_interval, step.config)
+    assert (sys_path, spec) == (["/p"], "the-spec")
+
+
+def test_cancelling_a_running_actor_kills_it_and_says_cancelled(monkeypatch):
+    import ray
+
+    killed = []
+    backend = RayBackend()
+    actors = []
+    step = _resolved(ResourceConfig.with_cpu(cpu=1))
+
+    def get(ref):
+        backend.cancel(step.output_path)  # while the actor runs
+        raise ray.exceptions.ActorDiedError()
+
+    def remote(cls):
+        def make():
+            actors.append(_Actor(None))
+            return actors[-1]
+
+        return types.SimpleNamespace(options=lambda **kw: types.SimpleNamespace(remote=make))
+
+    def kill(actor, no_restart=False):
+        killed.append(actor)
+        if len(killed) > 1:
+            raise RuntimeError("already dead")  # the final kill's failure is ignored
+
+    fake = types.SimpleNamespace(exceptions=ray.exceptions, get=get, remote=remote, kill=kill)
+    monkeypatch.setattr(backend, "_ray", lambda: fake)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(StepCancelled):
+        backend.call_hosted(step, {"ray_options": {}}, "spec")
+    assert killed[0] is actors[0]  # cancel killed the running actor itself
+
+
+def test_a_failing_final_kill_does_not_hide_the_result(monkeypatch):
+    killed, made = [], []
+    fake = _actor_ray({"outcome": "failed", "error": "E"}, killed, made)
+
+    def kill(actor, no_restart=False):
+        raise RuntimeError("already gone")
+
+    fake.kill = kill
+    backend = RayBackend()
+    monkeypatch.setattr(backend, "_ray", lambda: fake)
+    assert backend.call_hosted(_resolved(ResourceConfig.with_cpu(cpu=1)), {"ray_options": {}}, "s") == {
+        "outcome": "failed",
+        "error": "E",
+    }
+
+
+def test_a_later_dead_peer_is_found_after_one_still_running(monkeypatch):
+    import ray
+
+    running = _Ref({"outcome": "succeeded", "error": None})
+    dead = _Ref(error=ray.exceptions.ActorDiedError())
+    killed = []
+    _fake_ray_module(monkeypatch, [dead], killed)
+    assert rc._Peers(["a1", "a2"], [running, dead]).lost(False) == "process 2 of 3 was lost (ActorDiedError)"
+    assert killed == [("a1", True)]
+
+
+def test_actors_do_not_need_the_wandb_service_variable(tmp_path, monkeypatch):
+    import cloudpickle
+    import ray
+
+    from executor.backends import host
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(get_node_id=lambda: "n"))
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    monkeypatch.setattr(rc.threading, "Timer", _Timers())
+    monkeypatch.setattr(
+        host, "run_hosted", lambda spec, fn, config, **kw: {"outcome": "succeeded", "error": None}
+    )
+    spec = types.SimpleNamespace(name="t", prefix=str(tmp_path), output_path=f"{tmp_path}/t-1")
+    blob = cloudpickle.dumps((print, None))
+    assert rc.StepHost().run(blob, [], spec)["outcome"] == "succeeded"
+    assert rc.GangMember().run(blob, [], spec, 1, 2, {})["outcome"] == "succeeded"
