@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import types
 
 import pytest
@@ -19,6 +20,8 @@ from executor.backends import StepCancelled, StepFunctionError, StepRefused, Uns
 from executor.backends import ray_cluster as rc
 from executor.backends.ray_cluster import RayBackend, _Choice, _choices
 from executor.resources import GpuConfig
+from executor.store import open_store
+from executor.tree import read_info, write_info
 from tests.executor.steps_for_heavy import IntervalConfig, record_interval
 
 
@@ -889,3 +892,370 @@ def test_actors_do_not_need_the_wandb_service_variable(tmp_path, monkeypatch):
     blob = cloudpickle.dumps((print, None))
     assert rc.StepHost().run(blob, [], spec)["outcome"] == "succeeded"
     assert rc.GangMember().run(blob, [], spec, 1, 2, {})["outcome"] == "succeeded"
+
+
+# -- the driver's side of a gang: starting its processes ----------------------------------------------
+
+
+class _GangActor:
+    def __init__(self, cls, name, options, coordinator):
+        self.cls, self.name, self.options = cls, name, options
+        self.calls = []
+        self.run = types.SimpleNamespace(remote=self._run)
+        self.coordinator_address = types.SimpleNamespace(remote=lambda: ("coordinator", coordinator))
+
+    def _run(self, *args):
+        self.calls.append(args)
+        return ("run", self.name)
+
+
+def _gang_ray(results, coordinator="10.0.0.1:4321"):
+    import ray
+
+    made = []
+
+    def remote(cls):
+        def options(**options):
+            def start():
+                made.append(_GangActor(cls, options["name"], options, coordinator))
+                return made[-1]
+
+            return types.SimpleNamespace(remote=start)
+
+        return types.SimpleNamespace(options=options)
+
+    def get(ref):
+        value = ref[1] if ref[0] == "coordinator" else results[ref[1]]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def wait(refs, num_returns=1, timeout=None):
+        return [refs[0]], refs[1:]
+
+    nodes = [{"NodeID": f"n{i}", "NodeManagerAddress": f"10.0.0.{i + 1}"} for i in range(3)]
+    fake = types.SimpleNamespace(
+        exceptions=ray.exceptions,
+        remote=remote,
+        get=get,
+        wait=wait,
+        nodes=lambda: nodes,
+        util=types.SimpleNamespace(
+            placement_group_table=lambda group: {"bundles_to_node_id": ["n0", "n1", "n2"]}
+        ),
+    )
+    return fake, made
+
+
+def _run_gang(backend, fake, step, choice, gang, blob=b"blob"):
+    import inspect
+
+    extra = [[]] if "slices" in inspect.signature(backend._run_gang).parameters else []
+    return backend._run_gang(fake, step, choice, gang, "spec", blob, *extra)
+
+
+def test_a_gang_starts_one_actor_per_bundle_with_its_place_and_environment(monkeypatch):
+    monkeypatch.setattr(sys, "path", ["/p"])
+    resources = ResourceConfig(cpu=2, ram="1g", device=GpuConfig(count=1), replicas=3)
+    (choice,) = _choices(resources)
+    step = _resolved(resources)
+    backend = RayBackend()
+    names = {}
+    results = {}
+    fake, made = _gang_ray(results)
+
+    def result_of(name):
+        return {"outcome": "succeeded", "error": None, "from": name}
+
+    class Results(dict):
+        def __getitem__(self, name):
+            names[name] = True
+            return result_of(name)
+
+    fake_results = Results()
+    fake, made = _gang_ray(fake_results)
+    gang = rc._Gang(groups=["the-group"], actors=[])
+    result = _run_gang(backend, fake, step, choice, gang)
+
+    host, *members = made
+    assert result == result_of(host.name)
+    assert [a.cls for a in made] == [rc.StepHost, rc.GangMember, rc.GangMember]
+    assert gang.actors == made
+    tag = host.name.split(":")[2]
+    assert [a.name for a in made] == [f"marin-step:train:{tag}:process-{i}" for i in range(3)]
+    for index, actor in enumerate(made):
+        options = actor.options
+        assert options["num_cpus"] == 2 and options["num_gpus"] == 1 and options["memory"] == 2**30
+        assert options["resources"] == {
+            k: v for k, v in choice.bundles[index].items() if k not in ("CPU", "GPU", "memory")
+        }
+        strategy = options["scheduling_strategy"]
+        assert strategy.placement_group == "the-group"
+        assert strategy.placement_group_bundle_index == index
+        assert options["lifetime"] == "detached" and options["max_restarts"] == 0
+    coordinator = "10.0.0.1:4321"
+    envs = [choice.environment(i, coordinator, "10.0.0.1") for i in range(3)]
+    for index, member in enumerate(members, start=1):
+        assert member.calls == [(b"blob", ["/p"], "spec", index, 3, envs[index])]
+    ((blob, sys_path, spec, start),) = host.calls
+    assert (blob, sys_path, spec) == (b"blob", ["/p"], "spec")
+    assert start["env"] == envs[0]
+    assert start["peers"] == members
+    assert start["peer_results"] == [("run", m.name) for m in members]
+    assert start["groups"] == ["the-group"]
+    record = start["record"].get("gang", start["record"])
+    assert record["coordinator"] == coordinator
+    assert record["processes_on"] == [
+        {"process": i, "node": f"n{i}", "ip": f"10.0.0.{i + 1}"} for i in range(3)
+    ]
+
+
+def test_a_gang_whose_process_0_cannot_start_is_lost(monkeypatch):
+    import ray
+
+    resources = ResourceConfig(cpu=1, replicas=2)
+    (choice,) = _choices(resources)
+    fake, made = _gang_ray({})
+
+    def get(ref):
+        raise ray.exceptions.ActorDiedError()
+
+    fake.get = get
+    with pytest.raises(StepFunctionError) as caught:
+        _run_gang(RayBackend(), fake, _resolved(resources), choice, rc._Gang(groups=["g"], actors=[]))
+    assert type(caught.value) is StepFunctionError
+    assert str(caught.value) == "process 0 of 2 could not start: ActorDiedError"
+    assert len(made) == 1  # no member started
+
+
+def test_a_gang_cancelled_while_starting_runs_nothing(monkeypatch):
+    resources = ResourceConfig(cpu=1, replicas=2)
+    (choice,) = _choices(resources)
+    step = _resolved(resources)
+    fake, made = _gang_ray({})
+    backend = RayBackend()
+    backend._cancelled.add(step.output_path)
+    with pytest.raises(StepCancelled, match=r"stopped: its Ray actors were killed \(Backend.cancel\)"):
+        _run_gang(backend, fake, step, choice, rc._Gang(groups=["g"], actors=[]))
+    host = made[0]
+    assert host.calls == []  # process 0 never asked to run
+
+
+def test_call_gang_places_runs_and_always_stops_the_gang(monkeypatch):
+    resources = ResourceConfig(cpu=1, replicas=2)
+    step = _resolved(resources)
+    backend = RayBackend()
+    fake = types.SimpleNamespace()
+    monkeypatch.setattr(backend, "_ray", lambda: fake)
+    calls = []
+    monkeypatch.setattr(rc, "_remove_groups_named", lambda ray, name: calls.append(("remove", ray, name)))
+    monkeypatch.setattr(rc, "_place", lambda *args: calls.append(("place", *args[:5])))
+    monkeypatch.setattr(rc, "_stop_gang", lambda ray, gang: calls.append(("stop", ray, gang)))
+    seen = {}
+
+    def run_gang(ray, step_, choice, gang, spec, blob, *rest):
+        seen["registered"] = backend._gangs.get(step.output_path) is gang
+        calls.append(("run", ray, step_, choice, gang, spec, blob))
+        return {"outcome": "succeeded"}
+
+    monkeypatch.setattr(backend, "_run_gang", run_gang)
+    (choice,) = _choices(resources)
+    dispatch = backend._dispatch_record(choice)
+    assert backend._call_gang(step, dispatch, "spec", b"blob") == {"outcome": "succeeded"}
+    assert seen == {"registered": True}
+    (remove, place, run, stop) = calls
+    assert remove == ("remove", fake, rc._group_name(step))
+    gang = run[4]
+    assert isinstance(gang, rc._Gang) and gang.groups == [] and gang.actors == []
+    assert place == ("place", fake, step, choice, gang, backend._is_cancelled)
+    assert run == ("run", fake, step, choice, gang, "spec", b"blob")
+    assert stop == ("stop", fake, gang)
+    assert backend._gangs == {}
+
+    def failing(*args):
+        raise StepFunctionError("placement failed")
+
+    calls.clear()
+    monkeypatch.setattr(rc, "_place", failing)
+    backend._cancelled.add(step.output_path)
+    with pytest.raises(StepFunctionError):
+        backend._call_gang(step, dispatch, "spec", b"blob")
+    assert [c[0] for c in calls] == ["remove", "stop"]
+    assert backend._gangs == {} and backend._cancelled == set()
+
+
+# -- waiting for placement (the code before TPU slices were reserved through Levanter) ----------------
+
+
+_old_placement = pytest.mark.skipif(not hasattr(rc, "_wait_placed"), reason="placement reworked")
+
+
+class _Group:
+    def ready(self):
+        return "ready-ref"
+
+
+def _waiting_ray(ready_after: int, nodes):
+    calls = []
+
+    def wait(refs, timeout=None, num_returns=1):
+        calls.append((refs, timeout))
+        return (refs if len(calls) > ready_after else []), []
+
+    return types.SimpleNamespace(wait=wait, nodes=lambda: nodes, calls=calls)
+
+
+@_old_placement
+def test_wait_placed_returns_once_the_group_is_ready(monkeypatch):
+    monkeypatch.delenv(rc.WAIT_FOR_NODES_ENV, raising=False)
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    ray = _waiting_ray(2, [node(CPU=1), node(CPU=1)])
+    step = _resolved(ResourceConfig(cpu=1, replicas=2))
+    rc._wait_placed(ray, step, pair, _Group(), None, lambda path: False)
+    assert ray.calls == [(["ready-ref"], rc.PLACEMENT_POLL_S)] * 3
+
+
+@_old_placement
+def test_wait_placed_stops_when_cancelled(monkeypatch):
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    step = _resolved(ResourceConfig(cpu=1, replicas=2))
+    asked = []
+    with pytest.raises(StepCancelled, match="stopped while its gang waited for hosts"):
+        rc._wait_placed(_waiting_ray(5, []), step, pair, _Group(), None, lambda p: asked.append(p) or True)
+    assert asked == [step.output_path]
+
+
+@_old_placement
+def test_wait_placed_refuses_a_gang_the_nodes_cannot_hold_unless_told_to_wait(monkeypatch):
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    step = _resolved(ResourceConfig(cpu=1, replicas=2))
+    monkeypatch.delenv(rc.WAIT_FOR_NODES_ENV, raising=False)
+    with pytest.raises(StepRefused) as caught:
+        rc._wait_placed(_waiting_ray(5, [node(CPU=1)]), step, pair, _Group(), None, lambda p: False)
+    assert str(caught.value) == rc._unsatisfiable_message(step.name, [pair], [node(CPU=1)])
+    for value in ("yes", "1", "true"):
+        monkeypatch.setenv(rc.WAIT_FOR_NODES_ENV, value)
+        ray = _waiting_ray(2, [node(CPU=1)])
+        rc._wait_placed(ray, step, pair, _Group(), None, lambda p: False)
+        assert len(ray.calls) == 3
+
+
+@_old_placement
+def test_wait_placed_gives_up_at_the_deadline(monkeypatch):
+    monkeypatch.delenv(rc.WAIT_FOR_NODES_ENV, raising=False)
+    monkeypatch.setenv(rc.PLACEMENT_TIMEOUT_ENV, "12.5")
+    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
+    step = _resolved(ResourceConfig(cpu=1, replicas=2))
+    nodes = [node(CPU=1), node(CPU=1)]
+    with pytest.raises(StepFunctionError) as caught:
+        rc._wait_placed(_waiting_ray(99, nodes), step, pair, _Group(), time.monotonic() - 1, lambda p: False)
+    assert type(caught.value) is StepFunctionError
+    assert str(caught.value) == (
+        f"its gang ({rc._describe_choice(pair)}) was not placed within 12.5 s "
+        "($MARIN_RAY_PLACEMENT_TIMEOUT); the hosts are busy"
+    )
+    ray = _waiting_ray(3, nodes)  # a deadline not reached yet: keeps waiting
+    rc._wait_placed(ray, step, pair, _Group(), time.monotonic() + 60, lambda p: False)
+    assert len(ray.calls) == 4
+
+
+@_old_placement
+def test_slice_of_reads_the_head_nodes_label():
+    util = types.SimpleNamespace(placement_group_table=lambda group: {"bundles_to_node_id": ["n2", "n9"]})
+    nodes = [
+        node({rc.TPU_SLICE_LABEL: "a"}, node_id="n1"),
+        node({rc.TPU_SLICE_LABEL: "b"}, node_id="n2"),
+    ]
+    assert rc._slice_of(types.SimpleNamespace(util=util, nodes=lambda: nodes), "g") == "b"
+    for labels in (None, {}, {rc.TPU_SLICE_LABEL: ""}):
+        unlabelled = [node(labels, node_id="n2")]
+        with pytest.raises(StepFunctionError) as caught:
+            rc._slice_of(types.SimpleNamespace(util=util, nodes=lambda u=unlabelled: u), "g")
+        assert str(caught.value) == (
+            "the TPU head node n2 has no ray.io/tpu-slice-name label; cannot keep a slice together"
+        )
+
+
+def test_record_gang_leaves_a_missing_or_foreign_info_alone(tmp_path):
+    store = open_store(str(tmp_path))
+    output = f"{tmp_path}/train-1"
+    spec = types.SimpleNamespace(prefix=str(tmp_path), output_path=output)
+    rc._record_gang(spec, {"gang": {"coordinator": "c:1"}})  # no info: nothing written
+    assert read_info(store, output) is None
+    write_info(store, {"output_path": output, "dispatch": "driver"})
+    rc._record_gang(spec, {"gang": {"coordinator": "c:1"}})  # not a dict: left alone
+    assert read_info(store, output) == {"output_path": output, "dispatch": "driver"}
+
+
+def test_remove_groups_named_removes_live_groups_of_that_name(monkeypatch):
+    import importlib
+
+    import ray
+
+    pg = importlib.import_module("ray.util.placement_group")
+    removed = []
+    monkeypatch.setattr(pg, "remove_placement_group", lambda group: removed.append(group.id.hex()))
+    table = {
+        "aa" * 18: {"name": "marin-gang:x:1", "state": "CREATED"},
+        "bb" * 18: {"name": "marin-gang:x:1:head-0", "state": "PENDING"},
+        "cc" * 18: {"name": "marin-gang:x:1", "state": "REMOVED"},
+        "dd" * 18: {"name": "other", "state": "CREATED"},
+        "ee" * 18: {"state": "CREATED"},
+    }
+    fake = types.SimpleNamespace(
+        util=types.SimpleNamespace(placement_group_table=lambda: table, list_named_actors=lambda **kw: []),
+        PlacementGroupID=ray.PlacementGroupID,
+    )
+    rc._remove_groups_named(fake, "marin-gang:x:1")
+    assert sorted(removed) == ["aa" * 18, "bb" * 18]
+
+
+def test_step_host_as_process_0_of_a_gang(tmp_path, monkeypatch):
+    import cloudpickle
+    import ray
+
+    from executor.backends import host
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(
+        ray, "get_runtime_context", lambda: types.SimpleNamespace(get_node_id=lambda: "node-0")
+    )
+    timers = _Timers()
+    monkeypatch.setattr(rc.threading, "Timer", timers)
+    recorded = []
+    monkeypatch.setattr(rc, "_record_gang", lambda spec, record: recorded.append((spec, record)))
+    seen = {}
+
+    def fake_run_hosted(spec, fn, config, on_start=None, peers_lost=None):
+        seen["env"] = os.environ.get("MEGASCALE_SLICE_ID")
+        on_start()
+        seen["peers"] = (peers_lost.__self__.actors, peers_lost.__self__.results)
+        return {"outcome": "failed", "error": "E"}
+
+    monkeypatch.setattr(host, "run_hosted", fake_run_hosted)
+    monkeypatch.delenv("MEGASCALE_SLICE_ID", raising=False)
+    spec = types.SimpleNamespace(name="train", prefix=str(tmp_path), output_path=f"{tmp_path}/train-1")
+    # the record as process 0 gets it, before and after the TPU-slice rework (coordinator at either level)
+    record = {"coordinator": "10.0.0.1:555", "gang": {"coordinator": "10.0.0.1:555"}}
+    gang = {
+        "record": record,
+        "env": {"MEGASCALE_SLICE_ID": "0"},
+        "peers": ["m1", "m2"],
+        "peer_results": ["r1", "r2"],
+        "groups": ["g1", "g2"],
+    }
+    try:
+        result = rc.StepHost().run(cloudpickle.dumps((print, None)), [], spec, gang)
+    finally:
+        os.environ.pop("MEGASCALE_SLICE_ID", None)
+    assert result == {"outcome": "failed", "error": "E"}
+    assert seen == {"env": "0", "peers": (["m1", "m2"], ["r1", "r2"])}
+    assert recorded == [(spec, record)]
+    log = (tmp_path / "train-1" / ".executor_log").read_text()
+    assert (
+        f"[executor] train: process 0 of 3 on Ray node node-0, process {os.getpid()}, coordinator 10.0.0.1:555\n"
+        in log
+    )
+    ((interval, function, args, daemon),) = timers.made
+    assert (interval, function, daemon) == (rc.ACTOR_LINGER_S, rc._exit, True)
+    assert args[0] == ["g1", "g2"]
