@@ -73,6 +73,9 @@ class Target:
     """mutmut's process_isolation: "forkserver" where forking a process that has imported the
     tests' libraries deadlocks (JAX/Levanter threads)."""
 
+    exclude: tuple[str, ...] = ()
+    """Source files matched by `files` that are not mutated (mutmut's do_not_mutate)."""
+
     timeout_constant: float = 1.0
     """Seconds mutmut adds to each mutant's expected test time before calling it a timeout. Raise
     it where one test pays a module fixture's set-up that the time estimate charged to another."""
@@ -95,7 +98,16 @@ _EXECUTOR_IGNORE = (
 )
 
 TARGETS: dict[str, Target] = {
-    "executor": Target(("executor/*.py",), _EXECUTOR_TESTS, _EXECUTOR_SELECT, _EXECUTOR_IGNORE),
+    # lease_keeper.py's process side runs under `python -S` (no site-packages), where a mutated
+    # copy cannot import mutmut's trampolines: the keeper would not start and every heavy step's
+    # lease would be lost, failing mutmut's stats run. It is left unmutated (see docs/testing.md).
+    "executor": Target(
+        ("executor/*.py",),
+        _EXECUTOR_TESTS,
+        _EXECUTOR_SELECT,
+        _EXECUTOR_IGNORE,
+        exclude=("executor/lease_keeper.py",),
+    ),
     # The backends alone (`executor/*.py` above covers them too: fnmatch's `*` crosses `/`). Their
     # code runs mostly in other processes (the local backend's child and heartbeat, the step
     # host, Ray actors); tests/executor/test_mutants_backends_*.py call it in this process.
@@ -637,6 +649,7 @@ def prepare(workdir: Path, commit: str, target: Target, reuse: bool = False) -> 
     settings = {
         "source_paths": base.get("source_paths", ["executor", "operations", "marin"]),
         "only_mutate": list(target.files),
+        "do_not_mutate": list(target.exclude),
         "also_copy": ["sitecustomize.py", *base.get("also_copy", ["experiments", "bench"])],
         # Test files added later are skipped at commits that lack them ("before" runs).
         "pytest_add_cli_args_test_selection": [t for t in target.tests if (workdir / t).exists()],
