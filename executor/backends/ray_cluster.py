@@ -38,16 +38,21 @@ processes, one per host, that start together or not at all:
 
 - a detached Ray placement group of N bundles, one host's resources each, strategy
   STRICT_SPREAD (each on a node of its own), is waited for (`_place`): all of it or none.
-  For a TPU slice of several hosts, each slice's head (`TPU-<variant>-head`, on worker 0;
-  only of a slice whose hosts are all live) is reserved first and the slice's hosts are then
-  pinned to that slice by Ray's node label `ray.io/tpu-slice-name`, as Ray's own
-  `ray.util.tpu.SlicePlacementGroup` does, and in the order of their `ray.io/tpu-worker-id`:
-  process i is worker i % hosts of slice i // hosts. While it waits, the cluster is checked
-  again every few seconds: if its live nodes can no longer hold the gang the step fails
-  (`StepRefused`, not re-submitted) with the message `prepare` gives;
-  `$MARIN_RAY_PLACEMENT_TIMEOUT` (seconds) bounds the wait, after which the attempt counts
-  as lost (re-submitted, `--max_retries`). Otherwise it waits, as Ray does for a single
-  actor whose resources are busy.
+  While it waits, the cluster is checked again every few seconds: if its live nodes can no
+  longer hold the gang the step fails (`StepRefused`, not re-submitted) with the message
+  `prepare` gives; `$MARIN_RAY_PLACEMENT_TIMEOUT` (seconds) bounds the wait, after which the
+  attempt counts as lost (re-submitted, `--max_retries`). Otherwise it waits, as Ray does
+  for a single actor whose resources are busy.
+- TPU slices are reserved first, by Levanter (`_reserve_slices`): one detached
+  `levanter.infra.ray_tpu.SliceActor` per slice holds its head (`TPU-<variant>-head`, on
+  worker 0; for slices of several hosts only of a slice whose hosts are all live, by Ray's
+  node labels), reads the slice's name and address from the TPU host and starts a
+  `TPUHostActor` on each of its hosts, which reports the host's TPU worker id and Ray node.
+  Of the step's TPU choices (`ResourceConfig.with_tpu([...])`: the one `prepare` chose and
+  the later ones the cluster can hold) the first whose heads are all free is taken, else
+  the first. The bundles are then pinned to those nodes (`ray.io/node-id`) in worker order:
+  process i is worker i % hosts of slice i // hosts. Levanter's `run_on_pod`, which also
+  launches the processes, is not used: see docs/cluster.md ("Why not Levanter's run_on_pod").
 - process 0 is the `StepHost` above, in bundle 0: it picks the JAX coordinator's address
   (its node's IP, a free port) and reports it before the others start; then processes
   1..N-1 (`GangMember`, one per bundle) and process 0 run the function, each with its
@@ -66,9 +71,10 @@ processes, one per host, that start together or not at all:
   raised, first waits up to `GANG_GRACE_S` for the others: if one of them died, the error
   was the lost peer's (a collective cut short) and it records nothing, leaving the retry
   to the driver; otherwise it records FAILED as a single process does.
-- when no driver is left, process 0 removes the placement group (and with it every
-  process of the gang) `ACTOR_LINGER_S` after it finished; a driver that submits the step
-  again first removes a gang's group left by an earlier attempt (found by its name).
+- when no driver is left, process 0 kills the SliceActors and removes the placement group
+  (and with it every process of the gang) `ACTOR_LINGER_S` after it finished; a driver that
+  submits the step again first removes a gang's group and SliceActors left by an earlier
+  attempt (found by their names).
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from executor.backends import (
@@ -126,6 +132,12 @@ TPU_WORKER_LABEL = "ray.io/tpu-worker-id"
 TPU_POD_TYPE_LABEL = "ray.io/tpu-pod-type"
 """Ray's labels on TPU nodes (`ray._raylet.RAY_NODE_TPU_*_KEY`)."""
 
+NODE_ID_LABEL = "ray.io/node-id"
+"""Ray's label of every node with its id: pins a TPU gang's processes to the hosts reserved."""
+
+SLICE_RESERVER = "levanter.infra.ray_tpu.SliceActor"
+"""What reserves a TPU gang's slices (recorded in `.executor_info`)."""
+
 PROCESS_LOG_DIR = "logs"
 """Process i > 0 of a gang writes its output to `<output>/logs/process-<i>.log`."""
 
@@ -140,6 +152,23 @@ class _Gang:
 
     groups: list[Any]
     actors: list[Any]
+    reservations: list[Any] = field(default_factory=list)
+    """For TPU slices: Levanter's `SliceActor`s that hold them (`_reserve_slices`)."""
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """A TPU slice reserved for a gang by Levanter's `SliceActor` (`_reserve_slices`)."""
+
+    name: str
+    """Its name (`TPU_NAME` / the TPU VM's instance id), as Levanter's `SliceActor` read it."""
+    ip: str
+    """Its worker 0's address, as Levanter's `SliceActor` read it (Megascale's coordinator)."""
+    nodes: tuple[str, ...]
+    """The Ray node of each host, in the order of their TPU worker ids."""
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.name, "ip": self.ip, "nodes": list(self.nodes)}
 
 
 class RayBackend(Backend):
@@ -240,8 +269,13 @@ class RayBackend(Backend):
             self._gangs[path] = gang
         try:
             _remove_groups_named(ray, _group_name(step))
-            _place(ray, step, choice, gang, self._is_cancelled)
-            return self._run_gang(ray, step, choice, gang, spec, blob)
+            deadline = _placement_deadline()
+            slices: list[_Slice] = []
+            if choice.tpu is not None:
+                candidates = _slice_candidates(step, choice, _live_nodes(ray))
+                choice, slices = _reserve_slices(ray, step, candidates, gang, self._is_cancelled, deadline)
+            _place(ray, step, choice, gang, self._is_cancelled, deadline, slices)
+            return self._run_gang(ray, step, choice, gang, spec, blob, slices)
         finally:
             with self._lock:
                 self._gangs.pop(path, None)
@@ -253,19 +287,27 @@ class RayBackend(Backend):
             return path in self._cancelled
 
     def _run_gang(
-        self, ray: Any, step: ResolvedStep, choice: _Choice, gang: _Gang, spec: Any, blob: bytes
+        self,
+        ray: Any,
+        step: ResolvedStep,
+        choice: _Choice,
+        gang: _Gang,
+        spec: Any,
+        blob: bytes,
+        slices: list[_Slice],
     ) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         path = step.output_path
-        group = gang.groups[-1]  # the hosts' group (a TPU slice's head groups come first)
+        (group,) = gang.groups  # the hosts' group
+        bundles = _host_bundles(choice, slices)
         nodes = {node["NodeID"]: node for node in ray.nodes()}
         table = ray.util.placement_group_table(group)
         on_node = [table["bundles_to_node_id"][index] for index in range(choice.processes)]
         tag = os.urandom(4).hex()
 
         def actor(cls: type, index: int) -> Any:
-            bundle = choice.bundles[index]
+            bundle = bundles[index]
             extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU", "memory")}
             options: dict[str, Any] = {
                 "num_cpus": bundle.get("CPU", 0),
@@ -292,20 +334,35 @@ class RayBackend(Backend):
             {"process": index, "node": node, "ip": nodes.get(node, {}).get("NodeManagerAddress")}
             for index, node in enumerate(on_node)
         ]
+        # Several TPU slices talk through Megascale, its coordinator on slice 0's worker 0 (the
+        # address Levanter's SliceActor found there, as Levanter's run_on_pod uses it).
+        coordinator_ip = slices[0].ip if slices else records[0]["ip"]
         environments = [
-            choice.environment(index, coordinator, records[0]["ip"]) for index in range(choice.processes)
+            choice.environment(index, coordinator, coordinator_ip) for index in range(choice.processes)
         ]
         members = [actor(GangMember, index) for index in range(1, choice.processes)]
         member_results = [
             member.run.remote(blob, _sys_path(), spec, index, choice.processes, environments[index])
             for index, member in enumerate(members, start=1)
         ]
+        gang_record: dict[str, Any] = {
+            **choice.gang_record(),
+            "bundles": [dict(bundle) for bundle in bundles],
+            "coordinator": coordinator if choice.tpu is None else None,
+            "processes_on": records,
+        }
+        if slices:
+            gang_record["slices"] = [piece.record() for piece in slices]
+            gang_record["slices_reserved_by"] = SLICE_RESERVER
         start = {
-            "record": {"coordinator": coordinator if choice.tpu is None else None, "processes_on": records},
+            # what process 0 writes into `.executor_info`'s dispatch: the device is the one
+            # whose slices were reserved, which may be an alternative to the one `prepare` chose
+            "record": {"device": choice.description, "ray_options": choice.options, "gang": gang_record},
             "env": environments[0],
             "peers": members,
             "peer_results": member_results,
             "groups": list(gang.groups),
+            "reservations": list(gang.reservations),
         }
         if self._is_cancelled(path):
             raise StepCancelled("stopped: its Ray actors were killed (Backend.cancel)")
@@ -617,52 +674,150 @@ def _remove_groups_named(ray: Any, name: str) -> None:
         if info.get("name", "").startswith(name) and info.get("state") != "REMOVED":
             with contextlib.suppress(Exception):
                 remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group_id)))
+    for actor in ray.util.list_named_actors(all_namespaces=True):  # TPU slices' SliceActors
+        if actor["name"].startswith(name) and actor.get("namespace") == ACTOR_NAMESPACE:
+            with contextlib.suppress(Exception):
+                ray.kill(ray.get_actor(actor["name"], namespace=ACTOR_NAMESPACE), no_restart=True)
 
 
-def _place(ray: Any, step: ResolvedStep, choice: _Choice, gang: _Gang, cancelled: Any) -> None:
-    """Reserve the gang's hosts, all or none (module docstring); the groups go into `gang`."""
-    from ray.util.placement_group import placement_group
+def _slice_candidates(step: ResolvedStep, chosen: _Choice, nodes: list[dict[str, Any]]) -> list[_Choice]:
+    """The TPU slices a gang may take, in the step's order of preference: the one `prepare`
+    chose (the first the cluster can hold), then the later alternatives of
+    `ResourceConfig.with_tpu([...])` that are TPU gangs too and that the live nodes can hold."""
+    choices = [c for c in _choices(step.step.resources) if c.tpu is not None and c.processes > 1]
+    later = False
+    candidates = [chosen]
+    for choice in choices:
+        if later and choice.placeable(nodes):
+            candidates.append(choice)
+        later = later or choice.description == chosen.description
+    return candidates
 
-    name = _group_name(step)
-    timeout = _placement_timeout()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    selectors: list[dict[str, str]] | None = None
-    if choice.multi_host_slices:
-        slice_names: list[str] = []
+
+def _reserve_slices(
+    ray: Any,
+    step: ResolvedStep,
+    candidates: list[_Choice],
+    gang: _Gang,
+    cancelled: Any,
+    deadline: float | None,
+) -> tuple[_Choice, list[_Slice]]:
+    """Reserve a TPU gang's slices with Levanter's `SliceActor`s: the first candidate whose
+    slice heads are all free now, else the first (preferred) one, for which it waits. Each
+    `SliceActor` holds `TPU-<variant>-head` (worker 0 of a slice), reads the slice's name, type
+    and address from the TPU host (`TPU_NAME`, `TPU_ACCELERATOR_TYPE`: GKE's variables, or the
+    GCE metadata server) and starts one `TPUHostActor` on each host of the slice (holding
+    the slice's own resource, `{<slice name>: 1}`), which reports its worker id and Ray node."""
+    from levanter.infra.ray_tpu import SliceActor, get_tpu_config
+
+    free = ray.available_resources()
+    choice = next(
+        (c for c in candidates if free.get(f"TPU-{c.tpu}-head", 0) >= c.replicas),
+        candidates[0],
+    )
+    try:
+        vm_count = get_tpu_config(choice.tpu).vm_count
+    except ValueError:
+        raise StepRefused(
+            f"step {step.name!r} asks for {choice.description}, which Levanter's TPU table "
+            "(levanter.infra.ray_tpu.TPU_CONFIGS) does not know: it cannot reserve such a slice"
+        ) from None
+    if vm_count != choice.hosts_per_replica:
+        raise StepRefused(
+            f"step {step.name!r} asks for {choice.description}: Levanter counts {vm_count} hosts in such a "
+            f"slice, this executor {choice.hosts_per_replica}; one of the two TPU tables is wrong"
+        )
+    selector: dict[str, str] = {}
+    if choice.hosts_per_replica > 1:
         # Only the head of a slice whose hosts are all there: an incomplete slice's head,
         # once reserved, would keep the gang waiting for hosts that do not exist.
+        selector = {TPU_WORKER_LABEL: "0", TPU_POD_TYPE_LABEL: choice.tpu}
         whole = choice._whole_slices(_live_nodes(ray))
-        for index in range(choice.replicas):
-            selector = {TPU_WORKER_LABEL: "0", TPU_POD_TYPE_LABEL: choice.tpu}
-            if whole:
-                selector[TPU_SLICE_LABEL] = f"in({','.join(sorted(whole))})"
-            head = placement_group(
-                [{f"TPU-{choice.tpu}-head": 1}],
-                name=f"{name}:head-{index}",
-                lifetime="detached",
-                bundle_label_selector=[selector],
+        if whole:
+            selector[TPU_SLICE_LABEL] = f"in({','.join(sorted(whole))})"
+    name, tag = _group_name(step), os.urandom(4).hex()
+    actors = []
+    for index in range(choice.replicas):
+        options: dict[str, Any] = {
+            "resources": {f"TPU-{choice.tpu}-head": 1},
+            "num_cpus": 0,  # Ray's default for an actor would hold one of the host's CPUs
+            "name": f"{name}:slice-{index}:{tag}",
+            "namespace": ACTOR_NAMESPACE,
+            "lifetime": "detached",  # outlives the driver, as the gang does
+            "max_restarts": 0,
+        }
+        if selector:
+            options["label_selector"] = selector
+        actor = SliceActor.options(**options).remote()
+        gang.reservations.append(actor)
+        actors.append(actor)
+    infos = _wait_ready(ray, step, choice, [actor.get_info.remote() for actor in actors], deadline, cancelled)
+    slices = []
+    for actor, info in zip(actors, infos, strict=True):
+        try:
+            members = ray.get(actor.get_all_pool_members.remote())
+        except ray.exceptions.RayError as error:
+            raise StepFunctionError(
+                f"TPU slice {info.slice_name}: its hosts could not be listed ({type(error).__name__})"
+            ) from None
+        hosts = sorted((member.actor_info for member in members), key=lambda host: host.worker_index)
+        if [host.worker_index for host in hosts] != list(range(choice.hosts_per_replica)):
+            raise StepFunctionError(
+                f"TPU slice {info.slice_name}: Levanter reserved hosts with worker ids "
+                f"{[host.worker_index for host in hosts]}, not 0..{choice.hosts_per_replica - 1}"
             )
-            gang.groups.append(head)
-            _wait_placed(ray, step, choice, head, deadline, cancelled)
-            slice_names.append(_slice_of(ray, head))
-        # Process i is worker i % hosts of slice i // hosts: process 0 is slice 0's worker 0,
-        # where the coordinators run (JAX's, from the slice metadata; Megascale's).
+        slices.append(_Slice(info.slice_name, info.ip_address, tuple(host.node_id for host in hosts)))
+    return choice, slices
+
+
+def _host_bundles(choice: _Choice, slices: list[_Slice]) -> tuple[dict[str, float], ...]:
+    """The bundles of a gang's hosts: a TPU slice's head is held by Levanter's SliceActor."""
+    if not slices:
+        return choice.bundles
+    return tuple(
+        {
+            name: amount
+            for name, amount in bundle.items()
+            if not (name.startswith("TPU-") and name.endswith("-head"))
+        }
+        for bundle in choice.bundles
+    )
+
+
+def _place(
+    ray: Any,
+    step: ResolvedStep,
+    choice: _Choice,
+    gang: _Gang,
+    cancelled: Any,
+    deadline: float | None,
+    slices: list[_Slice],
+) -> None:
+    """Reserve the gang's hosts, all or none (module docstring); the group goes into `gang`.
+    On TPU slices (`slices`, reserved first) process i is pinned to worker i % hosts of
+    slice i // hosts: process 0 is slice 0's worker 0, where the coordinators run."""
+    from ray.util.placement_group import placement_group
+
+    selectors = None
+    if slices:
         selectors = [
-            {
-                TPU_SLICE_LABEL: slice_names[index // choice.hosts_per_replica],
-                TPU_WORKER_LABEL: str(index % choice.hosts_per_replica),
-            }
+            {NODE_ID_LABEL: slices[index // choice.hosts_per_replica].nodes[index % choice.hosts_per_replica]}
             for index in range(choice.processes)
         ]
     hosts = placement_group(
-        [dict(bundle) for bundle in choice.bundles],
+        [dict(bundle) for bundle in _host_bundles(choice, slices)],
         strategy=GANG_STRATEGY,
-        name=name,
+        name=_group_name(step),
         lifetime="detached",
         **({"bundle_label_selector": selectors} if selectors else {}),
     )
     gang.groups.append(hosts)
-    _wait_placed(ray, step, choice, hosts, deadline, cancelled)
+    _wait_ready(ray, step, choice, [hosts.ready()], deadline, cancelled)
+
+
+def _placement_deadline() -> float | None:
+    timeout = _placement_timeout()
+    return None if timeout is None else time.monotonic() + timeout
 
 
 def _placement_timeout() -> float | None:
@@ -678,13 +833,24 @@ def _placement_timeout() -> float | None:
     return value
 
 
-def _wait_placed(
-    ray: Any, step: ResolvedStep, choice: _Choice, group: Any, deadline: float | None, cancelled: Any
-) -> None:
+def _wait_ready(
+    ray: Any, step: ResolvedStep, choice: _Choice, refs: list[Any], deadline: float | None, cancelled: Any
+) -> list[Any]:
+    """The values of `refs` (a placement group ready, slices reserved) once all are there.
+    Meanwhile the cluster is checked every `PLACEMENT_POLL_S`: cancelled, no longer able to
+    hold the gang (`StepRefused`), past the deadline (a lost attempt)."""
     while True:
-        ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_POLL_S)
-        if ready:
-            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PLACEMENT_POLL_S)
+        try:
+            ray.get(ready)  # one that failed (a SliceActor that could not start): at once
+        except ray.exceptions.RayError as error:
+            lines = str(error).strip().splitlines()
+            raise StepFunctionError(
+                f"its gang ({_describe_choice(choice)}) could not be reserved: {type(error).__name__}"
+                + (f": {lines[-1]}" if lines else "")
+            ) from None
+        if len(ready) == len(refs):
+            return ray.get(refs)
         if cancelled(step.output_path):
             raise StepCancelled("stopped while its gang waited for hosts (Backend.cancel)")
         nodes = _live_nodes(ray)
@@ -701,26 +867,13 @@ def _wait_placed(
             )
 
 
-def _slice_of(ray: Any, head_group: Any) -> str:
-    """The slice name label of the node a head group landed on."""
-    node = ray.util.placement_group_table(head_group)["bundles_to_node_id"][0]
-    for live in ray.nodes():
-        if live["NodeID"] == node:
-            name = (live.get("Labels") or {}).get(TPU_SLICE_LABEL)
-            if name:
-                return name
-    raise StepFunctionError(
-        f"the TPU head node {node} has no {TPU_SLICE_LABEL} label; cannot keep a slice together"
-    )
-
-
 def _stop_gang(ray: Any, gang: _Gang) -> None:
     """Kill the gang's actors and remove its placement groups (which also kills what runs there)."""
     from ray.util.placement_group import remove_placement_group
 
-    for actor in list(gang.actors):
+    for actor in list(gang.actors) + list(gang.reservations):
         with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
+            ray.kill(actor, no_restart=True)  # a SliceActor's TPUHostActors die with it
     for group in list(gang.groups):
         with contextlib.suppress(Exception):
             remove_placement_group(group)
@@ -759,6 +912,7 @@ class StepHost:
 
         fn, config = cloudpickle.loads(blob)
         groups = [] if gang is None else gang["groups"]
+        reservations = [] if gang is None else gang.get("reservations", [])
         try:
             with capture_step_log(open_store(spec.prefix), spec.output_path):
                 node = ray.get_runtime_context().get_node_id()
@@ -768,7 +922,7 @@ class StepHost:
                 count = len(gang["peers"]) + 1
                 print(
                     f"[executor] {spec.name}: process 0 of {count} on Ray node {node}, process {os.getpid()}, "
-                    f"coordinator {gang['record']['coordinator']}",
+                    f"coordinator {gang['record']['gang']['coordinator']}",
                     flush=True,
                 )
                 os.environ.update(gang["env"])
@@ -782,7 +936,7 @@ class StepHost:
                 )
         finally:
             # Detached, so it outlives a dead driver; nobody may be left to kill it (or its gang).
-            timer = threading.Timer(ACTOR_LINGER_S, _exit, (groups,))
+            timer = threading.Timer(ACTOR_LINGER_S, _exit, (groups, reservations))
             timer.daemon = True
             timer.start()
 
@@ -871,13 +1025,21 @@ def _record_gang(spec: Any, record: dict[str, Any]) -> None:
     info = read_info(store, spec.output_path)
     if info is None or not isinstance(info.get("dispatch"), dict):
         return
-    info["dispatch"].setdefault("gang", {}).update(record)
+    dispatch = info["dispatch"]
+    for key in ("device", "ray_options"):
+        if key in record:
+            dispatch[key] = record[key]
+    dispatch.setdefault("gang", {}).update(record.get("gang", {}))
     write_info(store, info)
 
 
-def _exit(groups: list[Any]) -> None:
+def _exit(groups: list[Any], reservations: list[Any]) -> None:
+    import ray
     from ray.util.placement_group import remove_placement_group
 
+    for actor in reservations:  # a TPU slice's SliceActor (and with it its TPUHostActors)
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
     for group in groups:
         with contextlib.suppress(Exception):
             remove_placement_group(group)  # kills the gang's processes, this one too

@@ -311,10 +311,10 @@ def gang_leftovers() -> list[str]:
         for info in ray.util.placement_group_table().values()
         if info.get("name", "").startswith("marin-gang:") and info.get("state") != "REMOVED"
     ]
-    actors = [
+    actors = [  # the processes, and a TPU gang's slice reservations (Levanter's SliceActors)
         actor["name"]
         for actor in ray.util.list_named_actors(all_namespaces=True)
-        if actor["name"].startswith("marin-step:")
+        if actor["name"].startswith(("marin-step:", "marin-gang:"))
     ]
     return groups + actors
 
@@ -415,55 +415,239 @@ def test_the_driver_stops_the_whole_gang_when_a_process_dies_and_submits_it_agai
     assert gang_leftovers() == []
 
 
+# -- TPU slices, reserved by Levanter's SliceActor --------------------------------------------
+
+
+def fake_tpu_host(cluster, slice_name: str, worker: int, variant: str = "v4-16"):
+    """A CPU node that presents itself to Ray and to Levanter as host `worker` of the TPU slice
+    `slice_name`, as a GKE TPU host does. What is faked is only what the TPU hardware would
+    provide: the environment GKE gives a TPU VM (`TPU_NAME`, `TPU_WORKER_ID`,
+    `TPU_ACCELERATOR_TYPE`: where Ray's `TPUAcceleratorManager`, and so Levanter's
+    `SliceActor`/`TPUHostActor`, read the slice's name, the host's worker id and the pod type,
+    the GCE metadata server being the other source), and what Ray derives from it on a real
+    TPU host (its resources: the chips `TPU`, `<slice name>`, `TPU-<variant>-head` on worker 0;
+    its labels `ray.io/tpu-*`), which Ray only does when it finds TPU chips (/dev/accel*).
+    Nothing in Levanter or in the executor is mocked."""
+    resources = {"TPU": 4, slice_name: 1, **({f"TPU-{variant}-head": 1} if worker == 0 else {})}
+    labels = {
+        "ray.io/tpu-slice-name": slice_name,
+        "ray.io/tpu-worker-id": str(worker),
+        "ray.io/tpu-pod-type": variant,
+    }
+    env = {"TPU_NAME": slice_name, "TPU_WORKER_ID": str(worker), "TPU_ACCELERATOR_TYPE": variant}
+    return cluster.add_node(
+        node_ip_address="127.0.0.1", num_cpus=1, resources=resources, labels=labels, env_vars=env
+    )
+
+
+@pytest.fixture(scope="module")
+def tpu_slices(two_nodes):
+    """Fake TPU hosts join the cluster for the rest of the module (the TPU tests come last):
+    v4-16 slices `a` and `c` with only their worker 0, v4-16 slices `b` and `d` and v5p-16
+    slice `p` whole (two hosts each)."""
+    cluster, _ = two_nodes
+    spec = {"a": ("v4-16", 1), "c": ("v4-16", 1), "b": ("v4-16", 2), "d": ("v4-16", 2), "p": ("v5p-16", 2)}
+    added = {
+        name: [fake_tpu_host(cluster, name, worker, variant) for worker in range(hosts)]
+        for name, (variant, hosts) in spec.items()
+    }
+    cluster.wait_for_nodes()
+    yield cluster, {name: [node.node_id for node in nodes] for name, nodes in added.items()}
+    for nodes in added.values():
+        for node in nodes:
+            cluster.remove_node(node)
+
+
 def on_which_node(config: NothingConfig) -> None:
-    """Each process writes a file named for its Ray node (a TPU gang has no $MARIN_PROCESS_ID:
-    JAX reads a slice's own metadata)."""
+    """Each process writes a file named for its Ray node and the TPU worker id it finds in its
+    environment (a TPU gang has no $MARIN_PROCESS_ID: JAX reads a slice's own metadata)."""
     import ray as ray_on_worker
 
-    Path(config.output_path, f"on-{ray_on_worker.get_runtime_context().get_node_id()}").write_text("")
+    node = ray_on_worker.get_runtime_context().get_node_id()
+    Path(config.output_path, f"on-{node}").write_text(os.environ.get("TPU_WORKER_ID", "?"))
 
 
-def test_a_tpu_slice_of_two_hosts_runs_on_the_hosts_of_one_whole_slice(two_nodes, tmp_path):
-    """Fake TPU hosts (CPU nodes with Ray's TPU resources and labels) join the cluster: slices
-    `a` and `c` have only their worker 0, slice `b` both hosts of a v4-16. The gang must take
-    `b`'s two, worker 0 first: never another slice's worker 0 with `b`'s worker 1 (which
-    STRICT_SPREAD alone would allow), nor the head of a slice it cannot complete (where it
-    would wait for ever: here the placement timeout makes that a failure)."""
-    cluster, _ = two_nodes
+def run_on_tpu(cluster, tmp_path, name: str, resources: ResourceConfig, fn=on_which_node, **kwargs):
+    output = tmp_path / name
+    output.mkdir()
+    step = ExecutorStep(
+        name=name,
+        fn=fn,
+        config=NothingConfig(str(output)),
+        resources=resources,
+        override_output_path=str(output),
+    )
+    executor = Executor(str(tmp_path), console=False, backend=RayBackend(cluster.address), **kwargs)
+    with environment(MARIN_RAY_PLACEMENT_TIMEOUT="60"):
+        executor.run([step])
+    return executor, output
 
-    def tpu_host(slice_name: str, worker: int):
-        resources = {"TPU": 4, **({"TPU-v4-16-head": 1} if worker == 0 else {})}
-        labels = {
-            "ray.io/tpu-slice-name": slice_name,
-            "ray.io/tpu-worker-id": str(worker),
-            "ray.io/tpu-pod-type": "v4-16",
+
+def assert_slices_released(names: list[str]) -> None:
+    """No gang is left, and Levanter's actors gave the slices back: every slice's own resource
+    (held by its TPUHostActors) and every head (held by its SliceActor) is free again."""
+
+    def held() -> dict[str, float]:
+        free, total = ray.available_resources(), ray.cluster_resources()
+        return {
+            name: total[name] - free.get(name, 0)
+            for name in total
+            if (name in names or name.endswith("-head")) and free.get(name, 0) != total[name]
         }
-        return cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1, resources=resources, labels=labels)
 
-    added = [tpu_host("a", 0), tpu_host("c", 0), tpu_host("b", 0), tpu_host("b", 1)]
+    deadline = time.time() + 30
+    while (gang_leftovers() or held()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert gang_leftovers() == [] and held() == {}
+
+
+def test_a_tpu_slice_of_two_hosts_is_reserved_by_levanter_and_runs_on_one_whole_slice(tpu_slices, tmp_path):
+    """Slices `a` and `c` have only their worker 0, `b` both hosts of a v4-16, and `d`'s head is
+    held by another job. Levanter's SliceActor must take `b`'s head -- never a slice it cannot
+    complete, where its TPUHostActors would wait for ever -- and the gang runs on `b`'s two
+    hosts, in worker order: process 0 (the books, `.executor_log`) on worker 0, process 1
+    (`logs/process-1.log`) on worker 1."""
+    cluster, hosts = tpu_slices
+    holder = ray.remote(num_cpus=0, resources={"TPU-v4-16-head": 1})(HeadHolder)
+    holder = holder.options(label_selector={"ray.io/tpu-slice-name": "d"}).remote()  # d is busy
+    ray.get(holder.ready.remote())
     try:
-        cluster.wait_for_nodes()
-        output = tmp_path / "out"
-        output.mkdir()
-        step = ExecutorStep(
-            name="slice",
-            fn=on_which_node,
-            config=NothingConfig(str(output)),
-            resources=ResourceConfig.with_tpu("v4-16"),
-            override_output_path=str(output),
+        executor, output = run_on_tpu(
+            cluster, tmp_path, "slice", ResourceConfig.with_tpu("v4-16"), max_retries=0
         )
-        executor = Executor(str(tmp_path), console=False, backend=RayBackend(cluster.address), max_retries=0)
-        with environment(MARIN_RAY_PLACEMENT_TIMEOUT="30"):
-            executor.run([step])
-        ran_on = sorted(path.name.removeprefix("on-") for path in output.glob("on-*"))
-        assert ran_on == sorted(node.node_id for node in added[2:])
-        gang = read_info(executor.store, str(output))["dispatch"]["gang"]
-        assert (gang["processes"], gang["hosts_per_replica"], gang["coordinator"]) == (2, 2, None)
-        assert [entry["node"] for entry in gang["processes_on"]] == [added[2].node_id, added[3].node_id]
-        deadline = time.time() + 30
-        while gang_leftovers() and time.time() < deadline:
-            time.sleep(0.2)
-        assert gang_leftovers() == []
     finally:
-        for node in added:
-            cluster.remove_node(node)
+        ray.kill(holder)
+    ran_on = {path.name.removeprefix("on-"): path.read_text() for path in output.glob("on-*")}
+    assert ran_on == {hosts["b"][0]: "0", hosts["b"][1]: "1"}
+    dispatch = read_info(executor.store, str(output))["dispatch"]
+    gang = dispatch["gang"]
+    assert dispatch["device"] == "TPU v4-16"
+    assert (gang["processes"], gang["hosts_per_replica"], gang["coordinator"]) == (2, 2, None)
+    assert [entry["node"] for entry in gang["processes_on"]] == hosts["b"]
+    assert gang["slices"] == [{"name": "b", "ip": "127.0.0.1", "nodes": hosts["b"]}]
+    assert gang["slices_reserved_by"] == "levanter.infra.ray_tpu.SliceActor"
+    assert gang["bundles"] == [{"CPU": 1, "TPU": 4}] * 2  # the head is the SliceActor's
+    assert "process 0 of 2 on Ray node " + hosts["b"][0] in (output / ".executor_log").read_text()
+    assert "process 1 of 2 on Ray node " + hosts["b"][1] in (output / "logs" / "process-1.log").read_text()
+    assert [event.status for event in read_status(executor.store, str(output))] == [
+        Status.RUNNING,
+        Status.SUCCESS,
+    ]
+    assert_slices_released(["a", "b", "c", "d", "p"])
+
+
+def where_on_the_slices(config: NothingConfig) -> None:
+    """Each process writes what it finds in its environment: its host's TPU name and worker id,
+    and Megascale's variables."""
+    names = [
+        "TPU_NAME",
+        "TPU_WORKER_ID",
+        *(f"MEGASCALE_{n}" for n in ("COORDINATOR_ADDRESS", "NUM_SLICES", "SLICE_ID")),
+    ]
+    place = {name: os.environ.get(name) for name in names}
+    Path(config.output_path, f"{place['TPU_NAME']}-{place['TPU_WORKER_ID']}.json").write_text(
+        json.dumps(place)
+    )
+
+
+def test_two_tpu_slices_are_reserved_by_two_slice_actors_and_talk_through_megascale(tpu_slices, tmp_path):
+    """`with_tpu("v4-16", slice_count=2)`: Levanter reserves the two whole v4-16 slices, `b` and
+    `d`, one SliceActor each; four processes, slice 0's hosts first, each with Megascale's
+    variables (the coordinator on slice 0's worker 0, port 8081, as Levanter's run_on_pod sets
+    them)."""
+    cluster, hosts = tpu_slices
+    executor, output = run_on_tpu(
+        cluster,
+        tmp_path,
+        "two-slices",
+        ResourceConfig.with_tpu("v4-16", slice_count=2),
+        fn=where_on_the_slices,
+    )
+    gang = read_info(executor.store, str(output))["dispatch"]["gang"]
+    first, second = (piece["name"] for piece in gang["slices"])
+    assert {first, second} == {"b", "d"}
+    assert [entry["node"] for entry in gang["processes_on"]] == hosts[first] + hosts[second]
+    places = {path.stem: json.loads(path.read_text()) for path in output.glob("*.json")}
+    assert sorted(places) == sorted(f"{name}-{worker}" for name in "bd" for worker in (0, 1))
+    for name, slice_id in ((first, "0"), (second, "1")):
+        for worker in (0, 1):
+            assert places[f"{name}-{worker}"] == {
+                "TPU_NAME": name,
+                "TPU_WORKER_ID": str(worker),
+                "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1:8081",
+                "MEGASCALE_NUM_SLICES": "2",
+                "MEGASCALE_SLICE_ID": slice_id,
+            }
+    assert (output / "logs" / "process-3.log").exists()
+    assert_slices_released(["b", "d"])
+
+
+def test_tpu_alternatives_are_tried_in_order_the_first_with_free_slices_wins(tpu_slices, tmp_path):
+    """`with_tpu(["v5p-16", "v4-16"])`: while something else holds the v5p-16 slice's head the
+    gang takes the v4-16 alternative (and records that device); once it is free, the
+    preferred v5p-16."""
+    cluster, hosts = tpu_slices
+    holder = ray.remote(num_cpus=0, resources={"TPU-v5p-16-head": 1})(HeadHolder).remote()
+    ray.get(holder.ready.remote())
+    try:
+        busy, output = run_on_tpu(cluster, tmp_path, "busy", ResourceConfig.with_tpu(["v5p-16", "v4-16"]))
+    finally:
+        ray.kill(holder)
+    dispatch = read_info(busy.store, str(output))["dispatch"]
+    assert dispatch["device"] == "TPU v4-16"
+    assert dispatch["ray_options"]["resources"] == {"TPU": 4, "TPU-v4-16-head": 1}
+    (taken,) = (piece["name"] for piece in dispatch["gang"]["slices"])
+    assert taken in ("b", "d")  # the whole v4-16 slices
+    ran_on = {path.name.removeprefix("on-"): path.read_text() for path in output.glob("on-*")}
+    assert ran_on == {hosts[taken][0]: "0", hosts[taken][1]: "1"}
+    assert_slices_released(["b", "d", "p"])
+
+    free, output = run_on_tpu(cluster, tmp_path, "free", ResourceConfig.with_tpu(["v5p-16", "v4-16"]))
+    ran_on = {path.name.removeprefix("on-"): path.read_text() for path in output.glob("on-*")}
+    assert ran_on == {hosts["p"][0]: "0", hosts["p"][1]: "1"}
+    dispatch = read_info(free.store, str(output))["dispatch"]
+    assert dispatch["device"] == "TPU v5p-16" and [s["name"] for s in dispatch["gang"]["slices"]] == ["p"]
+    assert_slices_released(["b", "d", "p"])
+
+
+class HeadHolder:
+    """Something else's job on a TPU slice: it holds the slice's head."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def worker_1_lost_on_the_first_attempt(config: NothingConfig) -> None:
+    """First attempt: the process on TPU worker 1 dies at once, the one on worker 0 waits for
+    90 s (as a process blocked in a collective with a dead peer may); later attempts finish."""
+    first = attempt_number(config) == 1
+    worker = os.environ["TPU_WORKER_ID"]
+    if first and worker == "1":
+        os._exit(1)
+    if first:
+        time.sleep(90)
+        Path(config.output_path, "worker-0-woke").write_text("the gang was not stopped\n")
+    Path(config.output_path, f"done-{worker}").write_text("")
+
+
+def test_a_tpu_gang_that_loses_a_host_is_stopped_and_resubmitted_as_a_unit(tpu_slices, tmp_path):
+    """A process of a TPU gang dies: the whole gang is stopped (the other process too, and
+    Levanter's reservation given back), and the step is submitted again, which reserves the
+    slice again through Levanter and finishes."""
+    cluster, hosts = tpu_slices
+    started = time.perf_counter()
+    executor, output = run_on_tpu(
+        cluster,
+        tmp_path,
+        "lossy-tpu",
+        ResourceConfig.with_tpu("v4-16"),
+        fn=worker_1_lost_on_the_first_attempt,
+    )
+    assert time.perf_counter() - started < 85  # not the 90 s worker 0 of the first attempt would wait
+    history = read_status(executor.store, str(output))
+    assert [event.status for event in history] == [Status.RUNNING, Status.RUNNING, Status.SUCCESS]
+    assert history[1].message == "attempt 2 of 3"
+    assert not (output / "worker-0-woke").exists()
+    assert (output / "done-0").exists() and (output / "done-1").exists()
+    assert "process 1 of 2" in (output / ".executor_log").read_text()  # why it was submitted again
+    assert_slices_released(["b", "d"])
