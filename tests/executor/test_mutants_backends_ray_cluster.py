@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import types
 
 import pytest
@@ -1082,98 +1081,6 @@ def test_call_gang_places_runs_and_always_stops_the_gang(monkeypatch):
         backend._call_gang(step, dispatch, "spec", b"blob")
     assert [c[0] for c in calls] == ["remove", "stop"]
     assert backend._gangs == {} and backend._cancelled == set()
-
-
-# -- waiting for placement (the code before TPU slices were reserved through Levanter) ----------------
-
-
-_old_placement = pytest.mark.skipif(not hasattr(rc, "_wait_placed"), reason="placement reworked")
-
-
-class _Group:
-    def ready(self):
-        return "ready-ref"
-
-
-def _waiting_ray(ready_after: int, nodes):
-    calls = []
-
-    def wait(refs, timeout=None, num_returns=1):
-        calls.append((refs, timeout))
-        return (refs if len(calls) > ready_after else []), []
-
-    return types.SimpleNamespace(wait=wait, nodes=lambda: nodes, calls=calls)
-
-
-@_old_placement
-def test_wait_placed_returns_once_the_group_is_ready(monkeypatch):
-    monkeypatch.delenv(rc.WAIT_FOR_NODES_ENV, raising=False)
-    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
-    ray = _waiting_ray(2, [node(CPU=1), node(CPU=1)])
-    step = _resolved(ResourceConfig(cpu=1, replicas=2))
-    rc._wait_placed(ray, step, pair, _Group(), None, lambda path: False)
-    assert ray.calls == [(["ready-ref"], rc.PLACEMENT_POLL_S)] * 3
-
-
-@_old_placement
-def test_wait_placed_stops_when_cancelled(monkeypatch):
-    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
-    step = _resolved(ResourceConfig(cpu=1, replicas=2))
-    asked = []
-    with pytest.raises(StepCancelled, match="stopped while its gang waited for hosts"):
-        rc._wait_placed(_waiting_ray(5, []), step, pair, _Group(), None, lambda p: asked.append(p) or True)
-    assert asked == [step.output_path]
-
-
-@_old_placement
-def test_wait_placed_refuses_a_gang_the_nodes_cannot_hold_unless_told_to_wait(monkeypatch):
-    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
-    step = _resolved(ResourceConfig(cpu=1, replicas=2))
-    monkeypatch.delenv(rc.WAIT_FOR_NODES_ENV, raising=False)
-    with pytest.raises(StepRefused) as caught:
-        rc._wait_placed(_waiting_ray(5, [node(CPU=1)]), step, pair, _Group(), None, lambda p: False)
-    assert str(caught.value) == rc._unsatisfiable_message(step.name, [pair], [node(CPU=1)])
-    for value in ("yes", "1", "true"):
-        monkeypatch.setenv(rc.WAIT_FOR_NODES_ENV, value)
-        ray = _waiting_ray(2, [node(CPU=1)])
-        rc._wait_placed(ray, step, pair, _Group(), None, lambda p: False)
-        assert len(ray.calls) == 3
-
-
-@_old_placement
-def test_wait_placed_gives_up_at_the_deadline(monkeypatch):
-    monkeypatch.delenv(rc.WAIT_FOR_NODES_ENV, raising=False)
-    monkeypatch.setenv(rc.PLACEMENT_TIMEOUT_ENV, "12.5")
-    (pair,) = _choices(ResourceConfig(cpu=1, replicas=2))
-    step = _resolved(ResourceConfig(cpu=1, replicas=2))
-    nodes = [node(CPU=1), node(CPU=1)]
-    with pytest.raises(StepFunctionError) as caught:
-        rc._wait_placed(_waiting_ray(99, nodes), step, pair, _Group(), time.monotonic() - 1, lambda p: False)
-    assert type(caught.value) is StepFunctionError
-    assert str(caught.value) == (
-        f"its gang ({rc._describe_choice(pair)}) was not placed within 12.5 s "
-        "($MARIN_RAY_PLACEMENT_TIMEOUT); the hosts are busy"
-    )
-    ray = _waiting_ray(3, nodes)  # a deadline not reached yet: keeps waiting
-    rc._wait_placed(ray, step, pair, _Group(), time.monotonic() + 60, lambda p: False)
-    assert len(ray.calls) == 4
-
-
-@_old_placement
-def test_slice_of_reads_the_head_nodes_label():
-    util = types.SimpleNamespace(placement_group_table=lambda group: {"bundles_to_node_id": ["n2", "n9"]})
-    nodes = [
-        node({rc.TPU_SLICE_LABEL: "a"}, node_id="n1"),
-        node({rc.TPU_SLICE_LABEL: "b"}, node_id="n2"),
-    ]
-    assert rc._slice_of(types.SimpleNamespace(util=util, nodes=lambda: nodes), "g") == "b"
-    for labels in (None, {}, {rc.TPU_SLICE_LABEL: ""}):
-        unlabelled = [node(labels, node_id="n2")]
-        with pytest.raises(StepFunctionError) as caught:
-            rc._slice_of(types.SimpleNamespace(util=util, nodes=lambda u=unlabelled: u), "g")
-        assert str(caught.value) == (
-            "the TPU head node n2 has no ray.io/tpu-slice-name label; cannot keep a slice together"
-        )
 
 
 def test_record_gang_leaves_a_missing_or_foreign_info_alone(tmp_path):
