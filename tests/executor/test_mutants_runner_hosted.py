@@ -58,6 +58,7 @@ def run(tmp_path, backend, max_retries=0):
         str(tmp_path), console=False, lease_config=QUIET, backend=backend, max_retries=max_retries
     )
     step = one_step()
+    executor_steps[executor] = step
     error = None
     try:
         executor.run([step])
@@ -67,7 +68,14 @@ def run(tmp_path, backend, max_retries=0):
 
 
 def events(executor, kind):
-    return [event for event in executor.events if isinstance(event, kind)]
+    found = [event for event in executor.events if isinstance(event, kind)]
+    for event in found:  # every step event names the step and its output
+        assert event.name == "hosted"
+        assert event.output_path == executor.output_paths[executor_steps[executor]]
+    return found
+
+
+executor_steps = {}
 
 
 def statuses(executor, path):
@@ -213,3 +221,88 @@ def test_a_lease_lost_before_the_hand_over_starts_nothing(tmp_path, monkeypatch)
         "lease lost to another driver before the step started",
     )
     assert failed.log_path == f"{path}/.executor_log"
+
+
+def test_the_hosts_succeeded_is_trusted_without_reading_the_status_again(tmp_path):
+    backend = Scripted({"outcome": "succeeded", "error": None})
+    executor, path, error = run(tmp_path, backend, max_retries=2)
+    assert error is None
+    assert len(backend.specs) == 1
+    assert len(events(executor, StepSucceeded)) == 1
+
+
+def test_a_failure_after_the_last_attempt_is_recorded_by_this_driver(tmp_path):
+    backend = Scripted(StepFunctionError("died"))
+    executor, path, error = run(tmp_path, backend)
+    running, failed = read_status(executor.store, path)
+    assert failed.worker == running.worker and failed.worker
+
+
+def test_a_resubmission_is_logged(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="executor.runner")
+    run(tmp_path, Scripted(StepFunctionError("the node died"), "host"), max_retries=1)
+    assert "step hosted: the node died; submitting it again (attempt 2)" in caplog.messages
+
+
+# -- following the log of a step running elsewhere ---------------------------------------------------
+
+
+@pytest.fixture
+def console(monkeypatch):
+    written = []
+    monkeypatch.setattr("executor.logs.console_write", written.append)
+    return written
+
+
+def _follower(tmp_path):
+    from executor.runner import _LogFollower
+    from executor.store import open_store
+
+    store = open_store(str(tmp_path))
+    path = f"{tmp_path}/step-1/.executor_log"
+    return _LogFollower(store, "s", path), store, path
+
+
+def test_the_follower_first_shows_the_last_whole_lines(tmp_path, console):
+    follower, store, path = _follower(tmp_path)
+    lines = [f"line {i}" for i in range(15)]
+    store.write_atomic(path, ("\n".join(lines) + "\npartial").encode())
+    follower.poll()
+    assert console == [
+        f"  s | ... (the end of {path} so far)\n",
+        "".join(f"  s | line {i}\n" for i in range(5, 15)),
+    ]
+    assert follower.offset == len(("\n".join(lines) + "\n").encode())
+
+
+def test_the_follower_then_shows_each_whole_line_once(tmp_path, console):
+    follower, store, path = _follower(tmp_path)
+    store.write_atomic(path, b"")
+    follower.poll()
+    assert console == [] and follower.offset == 0
+    store.write_atomic(path, b"one\ntw")
+    follower.poll()
+    assert console == ["  s | one\n"]
+    follower.poll()  # nothing new
+    store.write_atomic(path, b"one\ntwo \x1b[31mred\xff\nthr")
+    follower.poll()
+    assert console[1:] == ["  s | two ?[31mred\ufffd\n"]
+    follower.poll()
+    assert len(console) == 2
+    store.write_atomic(path, b"new\n")  # replaced by a shorter log: first look again
+    follower.poll()
+    assert console[2:] == [f"  s | ... (the end of {path} so far)\n", "  s | new\n"]
+
+
+def test_the_follower_ignores_a_log_it_cannot_read(tmp_path, console, monkeypatch):
+    follower, store, path = _follower(tmp_path)
+    store.write_atomic(path, b"x\n")
+
+    def broken(path):
+        raise OSError("gone")
+
+    monkeypatch.setattr(store, "read_bytes", broken)
+    follower.poll()
+    assert console == [] and follower.offset is None
