@@ -547,6 +547,12 @@ EQUIVALENT.update(
         ("StepHost.coordinator_address", "with socket.socket(socket.AF_INET, ) as probe:"): (
             "SOCK_STREAM is socket.socket's default type"
         ),
+        ("_reserve_slices", "selector: dict[str, str] = None"): (
+            "the selector is only tested for truth (`if selector:`), and None is as false as {}"
+        ),
+        ("_reserve_slices", "for actor, info in zip(actors, infos, ):"): (
+            "`infos` are the values of one get_info call per actor: always as many as `actors`"
+        ),
         ("_Peers.lost", "for actor, result in zip(self.actors, self.results, ):"): _PEERS_ZIP,
         ("_Peers.lost", "for actor, result in zip(self.actors, self.results, strict=None):"): _PEERS_ZIP,
         ("_Peers.lost", "for actor, result in zip(self.actors, self.results, strict=False):"): _PEERS_ZIP,

@@ -845,6 +845,7 @@ def test_cancelling_a_running_actor_kills_it_and_says_cancelled(monkeypatch):
     with pytest.raises(StepCancelled):
         backend.call_hosted(step, {"ray_options": {}}, "spec")
     assert killed[0] is actors[0]  # cancel killed the running actor itself
+    assert len(killed) == 2  # and the final kill, once its result was read
 
 
 def test_a_failing_final_kill_does_not_hide_the_result(monkeypatch):
@@ -1133,7 +1134,8 @@ def test_step_host_as_process_0_of_a_gang(tmp_path, monkeypatch):
     monkeypatch.setattr(rc, "_record_gang", lambda spec, record: recorded.append((spec, record)))
     seen = {}
 
-    def fake_run_hosted(spec, fn, config, on_start=None, peers_lost=None):
+    def fake_run_hosted(spec_, fn, config, on_start=None, peers_lost=None):
+        assert spec_ is spec
         seen["env"] = os.environ.get("MEGASCALE_SLICE_ID")
         on_start()
         seen["peers"] = (peers_lost.__self__.actors, peers_lost.__self__.results)

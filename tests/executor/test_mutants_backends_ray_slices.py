@@ -500,3 +500,117 @@ def test_stop_gang_kills_the_slice_actors_too(monkeypatch):
         rc._Gang(groups=[], actors=["a"], reservations=["s1", "s2"]),
     )
     assert killed == ["a", "s1", "s2"]
+
+
+# -- the driver's side of a TPU gang --------------------------------------------------------------------
+
+
+def test_call_gang_reserves_tpu_slices_before_placing_the_hosts(monkeypatch):
+    from executor.backends.ray_cluster import RayBackend
+
+    resources = ResourceConfig.with_tpu(["v4-32", "v4-16"])
+    step = _resolved(resources)
+    first, second = _choices(resources)
+    backend = RayBackend()
+    nodes = tpu_slice("a", 2, "v4-16")
+    fake = types.SimpleNamespace(nodes=lambda: nodes)
+    monkeypatch.setattr(backend, "_ray", lambda: fake)
+    calls = []
+    piece = rc._Slice("a", "10.0.0.5", ("a0", "a1"))
+    monkeypatch.setattr(rc, "_remove_groups_named", lambda *args: None)
+    monkeypatch.setattr(rc, "_stop_gang", lambda *args: None)
+    monkeypatch.setattr(rc, "_placement_deadline", lambda: 42.0)
+    monkeypatch.setattr(
+        rc, "_slice_candidates", lambda *args: calls.append(("candidates", *args)) or ["cands"]
+    )
+    monkeypatch.setattr(
+        rc, "_reserve_slices", lambda *args: calls.append(("reserve", *args)) or (second, [piece])
+    )
+    monkeypatch.setattr(rc, "_place", lambda *args: calls.append(("place", *args)))
+    monkeypatch.setattr(
+        backend, "_run_gang", lambda *args: calls.append(("run", *args)) or {"outcome": "succeeded"}
+    )
+    dispatch = backend._dispatch_record(first)
+    assert backend._call_gang(step, dispatch, "spec", b"blob") == {"outcome": "succeeded"}
+    candidates, reserve, place, run = calls
+    assert candidates == ("candidates", step, first, nodes)
+    gang = reserve[4]
+    assert reserve == ("reserve", fake, step, ["cands"], gang, backend._is_cancelled, 42.0)
+    assert place == ("place", fake, step, second, gang, backend._is_cancelled, 42.0, [piece])
+    assert run == ("run", fake, step, second, gang, "spec", b"blob", [piece])
+
+
+def test_run_gang_on_reserved_slices_records_them_and_uses_their_address(monkeypatch):
+    import ray
+
+    from executor.backends.ray_cluster import RayBackend
+    from tests.executor.test_mutants_backends_ray_cluster import _gang_ray
+
+    resources = ResourceConfig.with_tpu("v4-8", slice_count=2)
+    (choice,) = _choices(resources)
+    step = _resolved(resources)
+    results = {}
+    fake, made = _gang_ray(results)
+    slices = [rc._Slice("s0", "10.9.0.1", ("n0",)), rc._Slice("s1", "10.9.0.2", ("n1",))]
+    gang = rc._Gang(groups=["g"], actors=[])
+
+    def lost(ref):
+        raise ray.exceptions.ActorDiedError()
+
+    class Results(dict):
+        def __getitem__(self, name):
+            return lost(name) if name.endswith("process-1") else {"outcome": "succeeded", "error": None}
+
+    fake, made = _gang_ray(Results())
+    fake.wait = lambda refs, num_returns=1, timeout=None: ([refs[-1]], refs[:-1])  # process 1 first
+    with pytest.raises(rc.StepFunctionError) as caught:
+        RayBackend()._run_gang(fake, step, choice, gang, "spec", b"blob", slices)
+    assert str(caught.value) == "process 1 of 2 (Ray node n1) was lost: ActorDiedError"
+    host, member = made
+    assert "TPU-v4-8-head" not in host.options["resources"]  # held by the SliceActor
+    ((_, _, _, start),) = host.calls
+    record = start["record"]
+    assert record["device"] == choice.description and record["ray_options"] == choice.options
+    gang_record = record["gang"]
+    assert gang_record["coordinator"] is None  # JAX reads the slice's own metadata
+    assert gang_record["bundles"] == [{"CPU": 1, "TPU": 4}] * 2
+    assert gang_record["slices"] == [s.record() for s in slices]
+    assert gang_record["slices_reserved_by"] == "levanter.infra.ray_tpu.SliceActor"
+    assert start["env"]["MEGASCALE_COORDINATOR_ADDRESS"] == "10.9.0.1:8081"
+    assert member.calls[0][5]["MEGASCALE_COORDINATOR_ADDRESS"] == "10.9.0.1:8081"
+
+
+def test_reserve_slices_waits_with_the_deadline(monkeypatch):
+    resources = ResourceConfig.with_tpu("v4-32")
+    step = _resolved(resources)
+    (choice,) = _choices(resources)
+    _with_levanter(monkeypatch, _SliceActors(4))
+    real = rc._wait_ready
+    deadlines = []
+    monkeypatch.setattr(rc, "_wait_ready", lambda *args: deadlines.append(args[4]) or real(*args))
+    rc._reserve_slices(_slice_ray({}, []), step, [choice], rc._Gang([], []), lambda p: False, 77.0)
+    assert deadlines == [77.0]
+
+
+def test_single_host_tpu_alternatives_are_no_slice_candidates():
+    resources = ResourceConfig.with_tpu(["v4-32", "v4-8", "v4-16"])
+    step = _resolved(resources)
+    by_variant = {c.tpu: c for c in _choices(resources)}
+    nodes = [node(None, CPU=8, TPU=4, **{"TPU-v4-8-head": 1})] + tpu_slice("b", 2, "v4-16")
+    assert rc._slice_candidates(step, by_variant["v4-32"], nodes) == [
+        by_variant["v4-32"],
+        by_variant["v4-16"],
+    ]
+
+
+def test_a_reservation_error_without_text_is_named_by_its_type():
+    import ray
+
+    class Quiet(ray.exceptions.RayError):
+        def __str__(self):
+            return ""
+
+    step, choice = _pair()
+    with pytest.raises(StepFunctionError) as caught:
+        rc._wait_ready(_waiting_ray(0, [], error=Quiet()), step, choice, ["a"], None, lambda p: False)
+    assert str(caught.value) == f"its gang ({rc._describe_choice(choice)}) could not be reserved: Quiet"
