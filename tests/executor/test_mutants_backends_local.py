@@ -448,3 +448,49 @@ def test_a_child_that_dies_without_a_result_names_its_exit_code(tmp_path):
         LocalBackend(cpus=1, gpus=0).call_hosted(resolved, {}, spec)
     assert type(caught.value) is StepFunctionError
     assert str(caught.value) == "the step's process died without a result (exit code 7)"
+
+
+@dataclasses.dataclass(frozen=True)
+class StdinConfig:
+    output_path: str
+    marker: int
+
+
+def report_stdin(config: StdinConfig) -> None:
+    null = os.stat(os.devnull)
+    mine = os.fstat(0)
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "stdin.txt"), "w") as handle:
+        handle.write("devnull" if (mine.st_dev, mine.st_ino) == (null.st_dev, null.st_ino) else "inherited")
+
+
+def test_the_child_reads_nothing_from_the_drivers_stdin(tmp_path):
+    import time as _time
+
+    from executor.backends.host import HostedStep
+    from executor.graph import resolve
+    from executor.store import open_store
+    from executor.tree import LeaseRecord, lease_path
+
+    step = ExecutorStep(
+        name="stdin",
+        fn=report_stdin,
+        config=StdinConfig(output_path=this_output_path(), marker=versioned(1)),
+        resources=ResourceConfig.with_cpu(cpu=1),
+    )
+    resolved = resolve([step], str(tmp_path)).steps[0]
+    lease = LeaseRecord(worker="drv:1:aaaa", heartbeat=_time.time()).to_bytes()
+    open_store(str(tmp_path)).write_atomic(lease_path(resolved.output_path), lease)
+    spec = HostedStep("stdin", str(tmp_path), resolved.output_path, lease, "drv:1:aaaa", 60.0, "h", "d")
+    read_end, write_end = os.pipe()  # the driver's stdin is a pipe here, never /dev/null
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        result = LocalBackend(cpus=1, gpus=0).call_hosted(resolved, {}, spec)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+    assert result["outcome"] == "succeeded"
+    with open(os.path.join(resolved.output_path, "stdin.txt")) as handle:
+        assert handle.read() == "devnull"
