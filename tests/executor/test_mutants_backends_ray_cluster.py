@@ -24,6 +24,18 @@ from executor.tree import read_info, write_info
 from tests.executor.steps_for_heavy import IntervalConfig, record_interval
 
 
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """StepHost and GangMember run here in the test process, and set what a step's own process
+    would keep: the gang's variables in os.environ ($MARIN_PROCESS_ID, Megascale's) and the
+    driver's sys.path. Left behind, a later test's training took itself for process 1 of a gang."""
+    environ, path = dict(os.environ), list(sys.path)
+    yield
+    os.environ.clear()
+    os.environ.update(environ)
+    sys.path[:] = path
+
+
 def _resolved(resources, name: str = "train", prefix: str = "/tmp/unused"):
     from executor.graph import resolve
 
