@@ -306,3 +306,47 @@ def test_the_follower_ignores_a_log_it_cannot_read(tmp_path, console, monkeypatc
     monkeypatch.setattr(store, "read_bytes", broken)
     follower.poll()
     assert console == [] and follower.offset is None
+
+
+# -- the run's error and a lost lease's stop ------------------------------------------------------------
+
+
+def test_the_run_error_names_each_failure_and_its_log_only_when_there_is_one():
+    from executor.runner import ExecutorRunError, Failure, Outcome
+
+    error = ExecutorRunError(
+        [
+            Failure(
+                name="b",
+                output_path="/o/b",
+                outcome=Outcome.FAILED,
+                error="ValueError: x",
+                log_path="/o/b/.executor_log",
+            ),
+            Failure(name="a", output_path="/o/a", outcome=Outcome.LOST, error="lost", log_path=None),
+        ]
+    )
+    assert str(error) == (
+        "2 step(s) failed: ['a', 'b']\n"
+        "  - b [failed] ValueError: x\n      log: /o/b/.executor_log\n"
+        f"  - a [{Outcome.LOST.value}] lost"
+    )
+
+
+def test_a_lost_lease_stops_the_steps_process_and_a_failure_to_stop_it_is_logged(caplog):
+    import logging
+    import queue
+
+    from executor.runner import Runner
+
+    class Refuses(Backend):
+        def cancel(self, output_path):
+            raise RuntimeError("cannot")
+
+    runner = Runner.__new__(Runner)
+    runner._messages = queue.Queue()
+    runner.backend = Refuses()
+    caplog.set_level(logging.ERROR, logger="executor.runner")
+    runner.lease_lost("/out/step-1")
+    assert runner._messages.get_nowait() == ("lost", "/out/step-1", None)
+    assert caplog.messages == ["could not stop /out/step-1 after losing its lease"]
