@@ -547,6 +547,9 @@ EQUIVALENT.update(
         ("StepHost.coordinator_address", "with socket.socket(socket.AF_INET, ) as probe:"): (
             "SOCK_STREAM is socket.socket's default type"
         ),
+        ("Runner._next_startable", "return ready[0] if (ready) or True else None"): (
+            "called only while `ready or running`: with nothing running, `ready` is never empty"
+        ),
         ("_reserve_slices", "selector: dict[str, str] = None"): (
             "the selector is only tested for truth (`if selector:`), and None is as false as {}"
         ),
