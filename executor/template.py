@@ -393,8 +393,9 @@ def _decode(record: Any, input_step: Callable[[str], ExecutorStep], path: str, p
         return VersionedValue(again(record["__versioned__"], path))
     if "__mirrored__" in record:
         inner = again(record["__mirrored__"], path)
+        budget = _expect(record.get("budget_gb"), (int, float), path, "'budget_gb'")  # names the field
         try:  # mirrored() checks the path is relative to the prefix: the tree is untrusted
-            return mirrored(inner, _expect(record.get("budget_gb"), (int, float), path, "'budget_gb'"))
+            return mirrored(inner, budget)
         except ValueError as error:
             raise TemplateError(f"{_at(path)}: {error}") from None
     if "__enum__" in record:

@@ -103,8 +103,7 @@ def test_refusals_name_the_nested_field():
     assert _refusal({"a": {"__versioned__": {"__output__": 3}}}).startswith("field 'a': '__output__' is int")
     assert _refusal({"a": {"__mirrored__": {"__output__": 3}}}).startswith("field 'a': '__output__' is int")
     budget = _refusal({"a": {"__mirrored__": "raw/x", "budget_gb": "big"}})
-    assert budget.startswith("field 'a': ")
-    assert budget.endswith("field 'a': 'budget_gb' is str, not what the template format has")
+    assert budget == "field 'a': 'budget_gb' is str, not what the template format has"  # named once
     assert _refusal({"a": {"__set__": [{"__output__": 3}]}}).startswith("field 'a': '__output__' is int")
     assert _refusal({"a": {"__dict__": [["k", {"__output__": 3}]]}}).startswith(
         "field 'a.k': '__output__' is int"
