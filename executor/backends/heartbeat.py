@@ -14,7 +14,13 @@ write into an output another driver now owns, and exits 3. It dies with the step
 stops it before writing the final status.
 
 SPEC_JSON: {"prefix", "lease_path", "bytes" (the lease as written, latin-1), "interval",
-"kill_pid"}.
+"kill_pid", "parent_pid" (optional: the process that started it)}.
+
+The parent-death signal is armed only once this process runs, and only for the thread that
+started it: a step's process that died within those first milliseconds (a step that crashes
+at once) would have left its heartbeat running for ever, keeping the lease fresh so that no
+driver could ever take the step again. So it also exits as soon as `parent_pid` is no longer
+its parent, checked on start and every 0.1 s.
 """
 
 from __future__ import annotations
@@ -50,13 +56,15 @@ def main(spec_json: str) -> int:
     previous = spec["bytes"].encode("latin-1")
     interval = float(spec["interval"])
     kill_pid = int(spec["kill_pid"])
+    parent = spec.get("parent_pid")
+    orphaned = (lambda: False) if parent is None else (lambda: os.getppid() != int(parent))
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    while not stop:
+    while not stop and not orphaned():
         deadline = time.time() + interval
-        while not stop and time.time() < deadline:
+        while not stop and time.time() < deadline and not orphaned():
             time.sleep(min(0.1, interval))
-        if stop:
+        if stop or orphaned():
             break
         new = with_fresh_heartbeat(previous)
         try:

@@ -191,6 +191,7 @@ def _start_heartbeat(spec: HostedStep, path: str, mine: bytes) -> subprocess.Pop
             "bytes": mine.decode("latin-1"),
             "interval": spec.heartbeat_interval,
             "kill_pid": os.getpid(),
+            "parent_pid": os.getpid(),  # it exits when this process is gone (see its docstring)
         }
     )
     return subprocess.Popen(

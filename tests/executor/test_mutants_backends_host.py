@@ -128,6 +128,7 @@ def test_the_heartbeat_process_gets_the_lease_interval_and_this_pid(tmp_path, mo
         "bytes": "\xe9bytes",
         "interval": 7.5,
         "kill_pid": os.getpid(),
+        "parent_pid": os.getpid(),
     }
     assert kwargs["stdin"] == subprocess.DEVNULL
     assert "PYTHONPATH" in kwargs["env"]
