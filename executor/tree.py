@@ -145,6 +145,7 @@ _OUR_SUCCESS_LINE = re.compile(
 of what a cached re-run reads. Its values need no unescaping and decode as JSON would;
 any other line goes through `json.loads` and the checks below."""
 
+
 def _our_success_event(match: re.Match) -> StatusEvent:
     """The event of a line `_OUR_SUCCESS_LINE` matched."""
     digest, date, duration, version_hash, worker = match.groups()
