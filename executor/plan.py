@@ -158,11 +158,13 @@ def compile_run_only(patterns: Sequence[str] | None) -> list[re.Pattern] | None:
     return compiled
 
 
-def _read_status(store: Store, output_path: str) -> StepStatus:
+def _read_status(store: Store, output_path: str, reader=None) -> StepStatus:
+    """The step's current status (`reader`: `read_last_status` unless given), or the error
+    that makes its status file unreadable: this step's problem only, planned as an error row."""
     try:
-        return read_last_status(store, output_path)
+        return (reader or read_last_status)(store, output_path)
     except StatusFileError as error:
-        return error  # this step's problem only: planned as an error row
+        return error
 
 
 def _absent_outputs(store: Store, steps: Sequence[ResolvedStep]) -> frozenset[str]:
@@ -186,14 +188,12 @@ def _read_statuses(
     # Local reads take microseconds: a thread pool costs more than it saves. Remote reads
     # take a round trip each, so they go in parallel, in batches to keep task overhead low.
     if store.local_path("/") is not None:
-        statuses: dict[str, StepStatus] = {}
-        for step in steps:
-            path = step.output_path
-            try:
-                statuses[path] = None if path in absent else read_last_status_local(store, path)
-            except StatusFileError as error:
-                statuses[path] = error  # this step's problem only: planned as an error row
-        return statuses
+        return {
+            step.output_path: None
+            if step.output_path in absent
+            else _read_status(store, step.output_path, read_last_status_local)
+            for step in steps
+        }
     if len(steps) <= 1:
         return {step.output_path: _read_status(store, step.output_path) for step in steps}
     from concurrent.futures import ThreadPoolExecutor  # (imported only for object stores)

@@ -1035,12 +1035,8 @@ def _record_gang(spec: Any, record: dict[str, Any]) -> None:
 
 def _exit(groups: list[Any], reservations: list[Any]) -> None:
     import ray
-    from ray.util.placement_group import remove_placement_group
 
-    for actor in reservations:  # a TPU slice's SliceActor (and with it its TPUHostActors)
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
-    for group in groups:
-        with contextlib.suppress(Exception):
-            remove_placement_group(group)  # kills the gang's processes, this one too
+    # Frees the TPU slices (SliceActors) and removes the groups, which kills the gang's
+    # processes, this one too.
+    _stop_gang(ray, _Gang(groups=groups, actors=[], reservations=reservations))
     os._exit(0)

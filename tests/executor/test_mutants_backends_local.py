@@ -32,19 +32,12 @@ from executor.backends import (
 )
 from executor.backends.local import LocalBackend, Request, request_of
 from executor.resources import GpuConfig
-from tests.executor.steps_for_heavy import IntervalConfig, record_interval
+from tests.executor.backend_stand_ins import resolved_interval_step
+from tests.executor.steps_for_heavy import record_interval
 
 
 def _resolved(resources, name: str = "s"):
-    from executor.graph import resolve
-
-    step = ExecutorStep(
-        name=name,
-        fn=record_interval,
-        config=IntervalConfig(output_path=this_output_path(), index=versioned(0)),
-        resources=resources,
-    )
-    return resolve([step], "/tmp/unused").steps[0]
+    return resolved_interval_step(resources, name)
 
 
 # -- requests ------------------------------------------------------------------------------------

@@ -14,14 +14,15 @@ import types
 
 import pytest
 
-from executor import ExecutorStep, ResourceConfig, this_output_path, versioned
+from executor import ResourceConfig
 from executor.backends import StepCancelled, StepFunctionError, StepRefused, UnsatisfiableError
 from executor.backends import ray_cluster as rc
 from executor.backends.ray_cluster import RayBackend, _Choice, _choices
 from executor.resources import GpuConfig
 from executor.store import open_store
 from executor.tree import read_info, write_info
-from tests.executor.steps_for_heavy import IntervalConfig, record_interval
+from tests.executor.backend_stand_ins import node, resolved_interval_step, tpu_slice
+from tests.executor.steps_for_heavy import record_interval
 
 
 @pytest.fixture(autouse=True)
@@ -36,35 +37,7 @@ def _process_state_restored():
     sys.path[:] = path
 
 
-def _resolved(resources, name: str = "train", prefix: str = "/tmp/unused"):
-    from executor.graph import resolve
-
-    step = ExecutorStep(
-        name=name,
-        fn=record_interval,
-        config=IntervalConfig(output_path=this_output_path(), index=versioned(0)),
-        resources=resources,
-    )
-    return resolve([step], prefix).steps[0]
-
-
-def node(labels=None, alive=True, node_id="n", ip=None, **resources):
-    record = {"Alive": alive, "Resources": resources, "Labels": labels, "NodeID": node_id}
-    if ip is not None:
-        record["NodeManagerAddress"] = ip
-    return record
-
-
-def tpu_slice(name, hosts, variant="v4-32", head=True):
-    return [
-        node(
-            {rc.TPU_SLICE_LABEL: name, rc.TPU_POD_TYPE_LABEL: variant, rc.TPU_WORKER_LABEL: str(i)},
-            CPU=8,
-            TPU=4,
-            **({f"TPU-{variant}-head": 1} if i == 0 and head else {}),
-        )
-        for i in range(hosts)
-    ]
+_resolved = resolved_interval_step
 
 
 # -- what is asked -------------------------------------------------------------------------------

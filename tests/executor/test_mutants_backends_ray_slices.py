@@ -13,41 +13,15 @@ import types
 
 import pytest
 
-from executor import ExecutorStep, ResourceConfig, this_output_path, versioned
+from executor import ResourceConfig
 from executor.backends import StepCancelled, StepFunctionError, StepRefused
 from executor.backends import ray_cluster as rc
 from executor.backends.ray_cluster import _choices
 from executor.store import open_store
 from executor.tree import read_info, write_info
-from tests.executor.steps_for_heavy import IntervalConfig, record_interval
+from tests.executor.backend_stand_ins import node, resolved_interval_step, tpu_slice
 
-
-def _resolved(resources, name: str = "train"):
-    from executor.graph import resolve
-
-    step = ExecutorStep(
-        name=name,
-        fn=record_interval,
-        config=IntervalConfig(output_path=this_output_path(), index=versioned(0)),
-        resources=resources,
-    )
-    return resolve([step], "/tmp/unused").steps[0]
-
-
-def node(labels=None, **resources):
-    return {"Alive": True, "Resources": resources, "Labels": labels, "NodeID": "n"}
-
-
-def tpu_slice(name, hosts, variant):
-    return [
-        node(
-            {rc.TPU_SLICE_LABEL: name, rc.TPU_POD_TYPE_LABEL: variant, rc.TPU_WORKER_LABEL: str(i)},
-            CPU=8,
-            TPU=4,
-            **({f"TPU-{variant}-head": 1} if i == 0 else {}),
-        )
-        for i in range(hosts)
-    ]
+_resolved = resolved_interval_step
 
 
 # -- which slices -------------------------------------------------------------------------------------
