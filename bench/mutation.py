@@ -563,7 +563,7 @@ EQUIVALENT.update(
 )
 
 
-# executor/plan.py, executor/fingerprint.py
+# executor/plan.py
 _STATUS_ZIP = "`flat` is built from `steps` (one status per step, in order): always as many of each"
 EQUIVALENT.update(
     {
@@ -579,13 +579,6 @@ EQUIVALENT.update(
             "_read_statuses",
             "return {step.output_path: event for step, event in zip(steps, flat, )}",
         ): _STATUS_ZIP,
-        (
-            "_encode_library_value",
-            'for candidate in (value, getattr(None, "dtype", None)):  # np.float32; jnp.bfloat16\'s `.dtype`',
-        ): (
-            "numpy 2's np.dtype(value) reads `.dtype` itself: for a value reaching here it returns a dtype or "
-            "raises ValueError, never TypeError, so the `.dtype` candidate is never tried"
-        ),
     }
 )
 

@@ -220,12 +220,13 @@ def _encode_library_value(value: Any, path: str, strict: bool, depth: int) -> An
     if isinstance(value, np.dtype):
         return {"__dtype__": value.name}
     if isinstance(value, type) or (not hasattr(value, "shape") and hasattr(value, "dtype")):
-        for candidate in (value, getattr(value, "dtype", None)):  # np.float32; jnp.bfloat16's `.dtype`
-            try:
-                return {"__dtype__": np.dtype(candidate).name}
-            except TypeError:
-                continue
-        return _NOT_SPECIAL
+        # (np.dtype reads a `.dtype` attribute itself: jnp.bfloat16.) A class numpy cannot read
+        # as a dtype -- one whose `dtype` attribute is a string, say -- is no dtype: encoded (or
+        # refused) as any other class, with its field named, not as numpy's ValueError.
+        try:
+            return {"__dtype__": np.dtype(value).name}
+        except (TypeError, ValueError):
+            return _NOT_SPECIAL
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         return _NOT_SPECIAL
     array = np.asarray(value)
