@@ -71,7 +71,9 @@ def _ours(caplog):
 
 def test_a_client_made_before_the_hook_logs_its_retries(monkeypatch, caplog):
     monkeypatch.setattr(retry, "_HOOKED_BOTOCORE", False)
-    monkeypatch.setattr(botocore.handlers, "BUILTIN_HANDLERS", list(botocore.handlers.BUILTIN_HANDLERS))
+    # As before any hook: without our handler, which an earlier test in this process may have listed.
+    unhooked = [h for h in botocore.handlers.BUILTIN_HANDLERS if h[1] is not retry._log_botocore_retry]
+    monkeypatch.setattr(botocore.handlers, "BUILTIN_HANDLERS", unhooked)
     monkeypatch.setattr(logging.getLogger("s3fs"), "debug", logging.getLogger("s3fs").debug)
     client = _client()  # before the handler is listed
     retry.observe_client_retries(_FsOnBotocore(client))
