@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+from executor.records import record
 
 
 @dataclass(frozen=True)
@@ -82,3 +85,17 @@ class RunFinished:
     failed: int
     duration: float
     time: float = field(default_factory=time.time, kw_only=True)
+
+
+def planned_event(row: Any) -> StepPlanned:
+    """`StepPlanned(row.name, row.output_path, action=row.action.value, reason=row.reason)` for
+    a plan row (`executor.plan.PlannedStep`), made by `record`: one per step of every plan."""
+    fields = {"name": row.name, "output_path": row.output_path, "time": time.time()}
+    return record(StepPlanned, {**fields, "action": row.action.value, "reason": row.reason})
+
+
+def skipped_event(row: Any) -> StepSkipped:
+    """`StepSkipped(row.name, row.output_path, reason=row.reason)` for a cached step's plan row,
+    made by `record`: one per cached step of every run."""
+    fields = {"name": row.name, "output_path": row.output_path, "time": time.time()}
+    return record(StepSkipped, {**fields, "reason": row.reason})

@@ -20,7 +20,7 @@ from typing import Any
 
 from executor.backends import Backend, backend_name, open_backend
 from executor.console import ConsoleProgress
-from executor.events import StepPlanned
+from executor.events import planned_event
 from executor.graph import StepGraph, resolve
 from executor.lease import LeaseConfig, LeaseManager, new_worker_id
 from executor.plan import Action, Plan, make_plan
@@ -141,7 +141,7 @@ class Executor:
             with _cyclic_gc_paused():
                 plan = self.plan = make_plan(graph, steps, self.store, leases, run_only, force_run_failed)
             for row in plan.rows:
-                self._emit(StepPlanned(row.name, row.output_path, action=row.action.value, reason=row.reason))
+                self._emit(planned_event(row))
             if self.console:
                 print(plan.format(), flush=True)
             for row in plan.rows:

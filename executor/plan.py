@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from executor.diffing import diff_flat, diff_versions, flatten
 from executor.graph import HASH_LENGTH, ResolvedStep, StepDefinitionError, StepGraph
 from executor.lease import LeaseManager
+from executor.records import record
 from executor.steps import ExecutorStep
 from executor.store import Store
 from executor.tree import (
@@ -282,6 +283,9 @@ def make_plan(
     now = time.time()
     for step in selected:
         last = statuses[step.output_path]
+        if last.__class__ is StatusEvent and last.status is Status.SUCCESS:  # (most rows of a re-run)
+            rows[step.output_path] = _plan_succeeded(step, last, store)
+            continue
         if isinstance(last, StatusFileError):
             rows[step.output_path] = PlannedStep(step, Action.ERROR, str(last), status_error=last)
             continue
@@ -389,7 +393,19 @@ def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> Pla
         info = read_info(store, step.output_path) or {}
         diff = diff_flat(flatten(recorded_config(info)), flatten(step.config_record), skip_unset=True)
         changes = tuple(change.describe() for change in diff)
-    return PlannedStep(step, Action.SKIP, "already succeeded", Status.SUCCESS, unversioned_changes=changes)
+    return record(PlannedStep, {**_SKIPPED_ROW, "step": step, "unversioned_changes": changes})
+
+
+_SKIPPED_ROW = {
+    "action": Action.SKIP,
+    "reason": "already succeeded",
+    "status": Status.SUCCESS,
+    "lease": None,
+    "why_new": (),
+    "previous_output": None,
+    "status_error": None,
+}
+"""The fields of a cached step's plan row other than its step and unversioned changes."""
 
 
 class _SiblingFinder:

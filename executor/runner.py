@@ -71,6 +71,7 @@ from executor.events import (
     StepStarted,
     StepSucceeded,
     StepWaiting,
+    skipped_event,
 )
 from executor.lease import LeaseManager
 from executor.logs import capture_step_log, streams_wrapped
@@ -188,7 +189,7 @@ class Runner:
         for row in self.plan.rows:
             if row.action == Action.SKIP:
                 summary.outcomes[row.output_path] = Outcome.SKIPPED
-                self.emit(StepSkipped(row.name, row.output_path, reason=row.reason))
+                self.emit(skipped_event(row))
             else:
                 todo[row.output_path] = row
         blockers = {

@@ -28,6 +28,7 @@ from typing import Any
 
 from executor.fingerprint import dumps_sorted, encode
 from executor.graph import ResolvedStep, StepGraph, join_path
+from executor.records import record
 from executor.store import Store, StoreError
 from executor.template import encode_template
 
@@ -154,7 +155,8 @@ def _our_success_event(match: re.Match) -> StatusEvent:
         "duration_s": float(duration) if "." in duration or "e" in duration else int(duration),
         "version_hash": version_hash,
     }
-    return StatusEvent(date=date, status=Status.SUCCESS, message=None, worker=worker, extra=extra)
+    fields = {"date": date, "status": Status.SUCCESS, "message": None, "worker": worker, "extra": extra}
+    return record(StatusEvent, fields)
 
 
 _STRING_EXTRAS = ("version_hash", "config_digest")

@@ -226,3 +226,56 @@ def test_a_dataclass_seen_before_encodes_its_fields_as_the_first_time():
             "x": [1, 2],
             "y": {"k": [3]},
         }
+
+
+# -- records made without __init__ (executor.records, eighth session) -----------------------
+
+
+def _same_record(fast, slow) -> None:
+    """`fast` is what the constructor makes: every field and nothing more, equal, frozen."""
+    import dataclasses
+
+    assert type(fast) is type(slow)
+    assert not hasattr(type(fast), "__post_init__")  # `record` would skip it
+    assert set(vars(fast)) == {f.name for f in dataclasses.fields(fast)} == set(vars(slow))
+    assert fast == slow and repr(fast) == repr(slow)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(fast, dataclasses.fields(fast)[0].name, None)
+
+
+def test_a_cached_steps_records_are_what_their_constructors_make(tmp_path):
+    """The status event, plan row and two events a cached step gets are built by `record`."""
+    from executor.events import StepPlanned, StepSkipped
+    from executor.plan import Action, PlannedStep
+    from executor.tree import StatusEvent
+
+    output = tmp_path / "step-0"
+    output.mkdir()
+    (output / ".executor_status").write_text(OUR_SUCCESS + "\n")
+    extra = {"config_digest": "a" * 64, "duration_s": 0.5, "version_hash": "b" * 64}
+    _same_record(
+        read_last_status_local(LocalStore(), str(output)),
+        StatusEvent(date="2026-11-23T10:00:00.123Z", status=Status.SUCCESS, worker="host:1:abc", extra=extra),
+    )
+
+    prefix = str(tmp_path / "tree")
+    for value in (1, 2):  # the second run changes an unversioned field: a warning on the row
+        step = ExecutorStep(name="cached", fn=write_value, config=WriteConfig(this_output_path(), value))
+        executor = Executor(prefix, console=False)
+        (row,) = executor.run([step]).rows
+    changes = row.unversioned_changes
+    assert row.action == Action.SKIP and len(changes) == 1 and "value" in changes[0]
+    _same_record(
+        row,
+        PlannedStep(row.step, Action.SKIP, "already succeeded", Status.SUCCESS, unversioned_changes=changes),
+    )
+    planned = [event for event in executor.events if type(event) is StepPlanned]
+    skipped = [event for event in executor.events if type(event) is StepSkipped]
+    assert len(planned) == len(skipped) == 1
+    expected = StepPlanned(
+        "cached", row.output_path, action="skip", reason="already succeeded", time=planned[0].time
+    )
+    _same_record(planned[0], expected)
+    _same_record(
+        skipped[0], StepSkipped("cached", row.output_path, reason="already succeeded", time=skipped[0].time)
+    )
