@@ -237,7 +237,8 @@ def test_a_bucket_endpoint_nothing_listens_on_is_tried_once_not_again_under_the_
     )
     assert str(raised.value).endswith(": start it, or fix AWS_ENDPOINT_URL")
     assert calls == ["tests"]
-    assert retry_lines(caplog) == []
+    # (botocore's own attempts are logged too, once an earlier test has hooked it: not ours)
+    assert [line for line in retry_lines(caplog) if not line.endswith("(botocore)")] == []
 
 
 def test_a_bucket_server_refusing_the_method_is_no_missing_bucket(answering, monkeypatch):
