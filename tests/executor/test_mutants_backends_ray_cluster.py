@@ -24,6 +24,12 @@ from executor.tree import read_info, write_info
 from tests.executor.backend_stand_ins import node, resolved_interval_step, tpu_slice
 from tests.executor.steps_for_heavy import record_interval
 
+# Imported now, not first by the code under test: several tests narrow sys.path (to check what
+# the backend sends), and an import first made then fails -- as it did for a test run alone or
+# early (mutmut runs a set of tests, in no fixed order).
+for _module in ("ray", "ray.util.placement_group", "ray.util.scheduling_strategies"):
+    pytest.importorskip(_module)
+
 
 @pytest.fixture(autouse=True)
 def _process_state_restored():
