@@ -176,6 +176,7 @@ class LeaseKeeper:
         line = self._process.stdout.readline()
         if line != b"ready\n":
             self._process.wait()
+            self._gone = True  # (not usable: the caller's one retry gets a new keeper)
             raise KeeperGone(f"the lease keeper did not start (exit code {self._process.returncode})")
         self._ready = True
 
