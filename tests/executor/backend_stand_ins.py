@@ -1,8 +1,10 @@
-"""What the backends' in-process tests build their cases from: a resolved heavy step, and the
+"""What the backends' in-process tests build their cases from: a resolved heavy step, the
 node records `ray.nodes()` returns (shared by test_mutants_backends_local.py, _ray_cluster.py
-and _ray_slices.py)."""
+and _ray_slices.py), and a console stream that records each flush."""
 
 from __future__ import annotations
+
+import io
 
 from executor import ExecutorStep, this_output_path, versioned
 from executor.backends import ray_cluster as rc
@@ -41,3 +43,15 @@ def tpu_slice(name, hosts, variant="v4-32", head=True):
         )
         for i in range(hosts)
     ]
+
+
+class FlushRecorder(io.StringIO):
+    """A console stream that records what it held at each flush (for lines that must reach the
+    console before something else happens, not only when the process ends)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flushed: list[str] = []
+
+    def flush(self):
+        self.flushed.append(self.getvalue())

@@ -9,7 +9,6 @@ function looks at it before doing anything.
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 import types
@@ -17,6 +16,7 @@ import types
 import pytest
 
 from executor.backends import ray_cluster as rc
+from tests.executor.backend_stand_ins import FlushRecorder
 
 
 @pytest.fixture(autouse=True)
@@ -29,16 +29,7 @@ def _process_state_restored():
     sys.path[:] = path
 
 
-class _Console(io.StringIO):
-    def __init__(self):
-        super().__init__()
-        self.flushed: list[str] = []
-
-    def flush(self):
-        self.flushed.append(self.getvalue())
-
-
-_CONSOLE: list[_Console] = []
+_CONSOLE: list[FlushRecorder] = []
 _SEEN_BY_STEP: list[list[str]] = []
 
 
@@ -55,7 +46,7 @@ def test_a_gang_member_flushes_where_it_runs_before_the_step_starts(tmp_path, mo
         ray, "get_runtime_context", lambda: types.SimpleNamespace(get_node_id=lambda: "node-7")
     )
     spec = types.SimpleNamespace(name="train", prefix=str(tmp_path), output_path=f"{tmp_path}/train-1")
-    console = _Console()
+    console = FlushRecorder()
     _CONSOLE[:] = [console]
     _SEEN_BY_STEP.clear()
     blob = cloudpickle.dumps((_step, None))

@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import enum
-import io
 import logging
 import os
 import sys
@@ -53,6 +52,7 @@ from executor.tree import (
     read_last_status,
     recorded_config,
 )
+from tests.executor.backend_stand_ins import FlushRecorder
 
 REPO = str(Path(__file__).resolve().parents[2])
 QUIET = LeaseConfig(heartbeat_interval=5.0, timeout=10.0, poll_interval=0.05)
@@ -224,15 +224,6 @@ def test_an_interrupt_marks_unfinished_steps_failed_and_logs_what_could_not_be_s
     assert not leases.holds(unfinished)
 
 
-class _FlushRecorder(io.StringIO):
-    def __init__(self):
-        super().__init__()
-        self.flushed: list[str] = []
-
-    def flush(self):
-        self.flushed.append(self.getvalue())
-
-
 def test_a_mirror_line_is_flushed_as_it_is_printed(tmp_path, monkeypatch):
     source, prefix = tmp_path / "source", tmp_path / "prefix"
     (source / "raw").mkdir(parents=True)
@@ -242,7 +233,7 @@ def test_a_mirror_line_is_flushed_as_it_is_printed(tmp_path, monkeypatch):
         name="train", step=types.SimpleNamespace(mirrors=[Mirror("data", "raw", f"{prefix}/raw", 1.0)])
     )
     runner = Runner(None, open_store(str(prefix)), None, emit=lambda event: None)
-    stdout = _FlushRecorder()
+    stdout = FlushRecorder()
     monkeypatch.setattr(sys, "stdout", stdout)
     assert runner._ensure_mirrors(row) is None
     monkeypatch.undo()
