@@ -283,13 +283,13 @@ def make_plan(
     now = time.time()
     for step in selected:
         last = statuses[step.output_path]
-        if last.__class__ is StatusEvent and last.status is Status.SUCCESS:  # (most rows of a re-run)
+        if isinstance(last, StatusEvent) and last.status == Status.SUCCESS:  # (most rows of a re-run)
             rows[step.output_path] = _plan_succeeded(step, last, store)
             continue
         if isinstance(last, StatusFileError):
             rows[step.output_path] = PlannedStep(step, Action.ERROR, str(last), status_error=last)
             continue
-        row = _plan_step(step, last, store, leases, force_run_failed, now, step.output_path in absent)
+        row = _plan_step(step, last, leases, force_run_failed, now, step.output_path in absent)
         if row.action == Action.RUN and last is None:
             previous = siblings.most_recent(step)
             if previous is not None:
@@ -324,16 +324,15 @@ def make_plan(
 def _plan_step(
     step: ResolvedStep,
     last: StatusEvent | None,
-    store: Store,
     leases: LeaseManager,
     force_run_failed: bool,
     now: float,
     absent: bool = False,
 ) -> PlannedStep:
-    """`absent`: the step's output directory does not exist (so neither does a lease)."""
+    """The row of a step that has not succeeded (`make_plan` plans a SUCCESS with
+    `_plan_succeeded`). `absent`: the step's output directory does not exist (so neither
+    does a lease)."""
     status = last.status if last is not None else None
-    if status == Status.SUCCESS:
-        return _plan_succeeded(step, last, store)
     if status == Status.FAILED:
         if force_run_failed:
             return PlannedStep(step, Action.RUN, "failed before; re-running (force_run_failed)", status)
