@@ -168,9 +168,19 @@ def read_lease(store: Store, output_path: str) -> LeaseRecord | None:
     return LeaseRecord.parse(store.read_bytes(lease_path(output_path)))
 
 
+MAX_CLOCK_AHEAD_S = 86400.0
+"""How far in the future a lease's heartbeat may be and still be believed (a day: clocks of
+machines sharing a bucket differ by seconds). A lease dated later -- written by a broken clock
+or edited by hand -- would otherwise look live forever and block its step for good."""
+
+
 def lease_is_stale(record: LeaseRecord | None, timeout: float, now: float | None = None) -> bool:
-    """True when nobody holds the lease: absent, or no heartbeat for more than `timeout` seconds."""
-    return record is None or (time.time() if now is None else now) - record.heartbeat > timeout
+    """True when nobody holds the lease: absent, no heartbeat for more than `timeout` seconds,
+    or a heartbeat more than `MAX_CLOCK_AHEAD_S` in the future."""
+    if record is None:
+        return True
+    age = (time.time() if now is None else now) - record.heartbeat
+    return age > timeout or age < -MAX_CLOCK_AHEAD_S
 
 
 class LeaseManager:

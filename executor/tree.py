@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import os
 import re
 import time
@@ -538,16 +537,25 @@ class LeaseRecord:
             worker, stamp, acquired = record["worker_id"], record["timestamp"], None
         elif record.keys() == {"acquired", "heartbeat", "host", "pid", "worker"}:  # ours, earlier
             worker, stamp, acquired = record["worker"], record["heartbeat"], record["acquired"]
-            if not _finite_number(acquired):
+            if not _timestamp(acquired):
                 return None
         else:
             return None
-        if type(worker) is not str or not _finite_number(stamp):
+        if type(worker) is not str or not _timestamp(stamp):
             return None
         return LeaseRecord(
             worker=worker, heartbeat=float(stamp), acquired=None if acquired is None else float(acquired)
         )
 
 
-def _finite_number(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+MAX_TIMESTAMP = 253402300799
+"""The last second of the year 9999. A lease time outside 0..MAX_TIMESTAMP is no clock's
+reading and could not be printed as a date: such a lease is unreadable (treated as expired)."""
+
+
+def _timestamp(value: Any) -> bool:
+    """Whether `value` is a time a lease can record: a number of seconds in 0..MAX_TIMESTAMP.
+
+    (Comparing never converts: an integer with hundreds of digits is refused, not overflowed.)
+    """
+    return type(value) in (int, float) and 0 <= value <= MAX_TIMESTAMP

@@ -28,11 +28,12 @@ from collections import Counter
 from collections.abc import Sequence
 
 from executor.main import resolve_prefix
+from executor.runner import ExecutorRunError
 from executor.store import StoreError
 from executor.template import TemplateError
 from executor.tree import info_path, utc_now_iso
 from marin.explain import explain, previous_version
-from marin.gc import delete_garbage, find_garbage
+from marin.gc import delete_garbage, find_garbage, unread_outputs
 from marin.leaderboard import METRICS, as_json, describe_differences, rank, training_runs
 from marin.outputs import (
     OutputTree,
@@ -46,6 +47,7 @@ from marin.outputs import (
 from marin.predictions import describe as describe_prediction
 from marin.predictions import prediction_of, predictions
 from marin.reproduce import ReproduceError, reproduce, source_prefix
+from marin.terminal import SafeStream, one_line
 
 
 class CliError(Exception):
@@ -53,6 +55,7 @@ class CliError(Exception):
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
+    rows = [[one_line(str(cell)) for cell in row] for row in rows]
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(header, widths, strict=True)).rstrip()]
     lines += [
@@ -60,6 +63,12 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
         for row in rows
     ]
     return "\n".join(lines)
+
+
+def _outcome(entry: dict) -> str:
+    """A manifest step's recorded outcome, "?" when the manifest holds no word there."""
+    outcome = entry.get("outcome")
+    return outcome if isinstance(outcome, str) and outcome else "?"
 
 
 def _tree(args: argparse.Namespace) -> OutputTree:
@@ -125,7 +134,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not args.steps_only:
         rows = []
         for experiment in tree.experiments:
-            outcomes = Counter((entry.get("outcome") or "?") for entry in experiment.steps)
+            outcomes = Counter(_outcome(entry) for entry in experiment.steps)
             commit = str(experiment.git.get("commit") or "")[:8] + (
                 "+dirty" if experiment.git.get("dirty") else ""
             )
@@ -339,6 +348,10 @@ MOVED_FLAGS = (
 )
 
 
+REBUILD_FAILED = 3
+"""`marin reproduce`'s exit status when a rebuilt step fails (0 equal, 1 different, 2 refused)."""
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.source is not None:
         raise CliError(f"--from was removed: {MOVED_FLAGS}")
@@ -352,6 +365,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         report = reproduce(tree, args.ref, args.into, allow_code_changes=args.allow_code_changes)
     except (ReproduceError, TemplateError, RefError) as error:
         raise CliError(str(error)) from error
+    except ExecutorRunError as error:  # the rebuild ran and a step failed: nothing to compare
+        print(
+            f"marin reproduce: the rebuild into {args.into} failed, so nothing was compared:", file=sys.stderr
+        )
+        for failure in error.failures:  # the traceback is in the step's log
+            last = ([line for line in str(failure.error).splitlines() if line.strip()] or ["?"])[-1].strip()
+            print(f"  - {failure.name}: {last} (log: {failure.log_path})", file=sys.stderr)
+        return REBUILD_FAILED
     print(f"\nreproduced {len(report.steps)} step(s) into {report.new_prefix}:")
     for comparison in report.comparisons:
         verdict = "equal" if comparison.equal else "DIFFERENT"
@@ -379,6 +400,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     tree = _tree(args)
     garbage = find_garbage(tree, lease_timeout=args.lease_timeout)
+    for step in unread_outputs(tree):
+        print(f"kept {step.relpath}: {step.problem}; its state is unknown, so it is not collected")
     if not garbage:
         print(f"nothing to collect under {tree.prefix}")
         return 0
@@ -578,6 +601,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Everything printed from here on may quote the (untrusted) tree: no control character
+    # reaches the terminal as such (see marin.terminal).
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     try:
         return args.fn(args)
     except CliError as error:
@@ -585,6 +612,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def _strings(value: object) -> list[str]:
 
 def _versioned_field(field_path: str, version: dict) -> bool:
     """Whether `field_path` of the concrete config is (inside) a versioned field."""
-    config = version.get("config") or {}
+    config = _dict(version.get("config"))
     return any(
         field_path == key or field_path.startswith(key + ".") or field_path.startswith(key + "[")
         for key in config

@@ -7,8 +7,12 @@ Successful outputs referenced by a manifest are never garbage.
 
 The tree is untrusted input: only directories strictly inside the prefix are listed or
 deleted (an output directory that is a symbolic link out of the prefix, or a manifest
-entry naming a path elsewhere, is left alone), and bookkeeping files are read through
-`OutputTree`'s capped, JSON-only reads.
+entry naming a path elsewhere, is left alone), an output reached through a link inside the
+prefix is never deleted by that name (its real directory is listed under its own), an
+output whose status file exists but was not read (too large, not a regular file, not a
+status history, a status word this version does not know) is kept and reported, not
+taken for abandoned, and bookkeeping files are read through `OutputTree`'s capped,
+JSON-only reads.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def find_garbage(
     referenced = tree.referenced_paths()
     found: list[tuple[StepOutput, str]] = []
     for step in tree.steps:
-        if not _deletable(tree, step):
+        if not _deletable(tree, step) or step.status_unread:
             continue
         if not lease_is_stale(tree.lease(step), timeout, now):
             continue  # running now
@@ -49,9 +53,14 @@ def find_garbage(
     return [Garbage(step, reason, sizes[step.path]) for step, reason in found]
 
 
+def unread_outputs(tree: OutputTree) -> list[StepOutput]:
+    """Outputs gc keeps because their status file could not be read (see the module docstring)."""
+    return [step for step in tree.steps if step.status_unread and _deletable(tree, step)]
+
+
 def _deletable(tree: OutputTree, step: StepOutput) -> bool:
-    """Inside the prefix by name and, on local disk, by where its links lead."""
-    return tree.contains(step.path) and not tree.leads_outside(step.path)
+    """Inside the prefix by name and, on local disk, by its real name: no link on the way."""
+    return tree.contains(step.path) and not tree.reached_through_link(step.path)
 
 
 def delete_garbage(

@@ -24,6 +24,7 @@ manifest entries) are followed only inside the prefix.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -160,6 +162,13 @@ class StepOutput:
         return self.history[-1].status.value if self.history else "UNKNOWN"
 
     @property
+    def status_unread(self) -> bool:
+        """Whether `.executor_status` exists but was not read (too large, not a regular file,
+        not a status history): the step's state is unknown, which is not the same as none."""
+        prefix = status_path(self.path)
+        return not self.history and any(problem.startswith(prefix) for problem in self.problems)
+
+    @property
     def last_event(self) -> StatusEvent | None:
         return self.history[-1] if self.history else None
 
@@ -180,7 +189,13 @@ class StepOutput:
     def duration_s(self) -> float | None:
         last = self.last_event
         value = last.extra.get("duration_s") if last else None
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer with hundreds of digits: the tree is untrusted
+            return None
+        return seconds if math.isfinite(seconds) else None
 
     @property
     def dependencies(self) -> list[dict[str, Any]]:
@@ -249,14 +264,18 @@ def iso_age(date: str | None, now: float | None = None) -> str:
 
 
 def iso_seconds(date: str | None) -> float | None:
-    if not date:
+    """Seconds since the epoch of an ISO-8601 date as the executor writes it (UTC, `Z`), or
+    with any offset; a date without one is taken as UTC. None when it is not such a date
+    (dates come from the tree: untrusted)."""
+    if not isinstance(date, str) or not date:
         return None
     try:
-        base = time.strptime(date[:19], "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
+        moment = datetime.fromisoformat(date[:-1] + "+00:00" if date.endswith("Z") else date)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+    except (ValueError, OverflowError, OSError):
         return None
-    fraction = float("0" + date[19:].rstrip("Z")) if date[19:20] == "." else 0.0
-    return time.mktime(base) - time.timezone + fraction
 
 
 def human_duration(seconds: float | None) -> str:
@@ -343,6 +362,15 @@ class OutputTree:
         return not any(
             part in ("", ".", "..") for part in path[len(self.prefix) + 1 :].rstrip("/").split("/")
         )
+
+    def reached_through_link(self, path: str) -> bool:
+        """Whether the local `path` is reached through a symbolic link anywhere below the prefix
+        (so the same directory has another, real name): gc deletes only by the real name."""
+        local = self.store.local_path(path)
+        if local is None or self._real_prefix is None:
+            return False
+        relative = self.relpath(path).strip("/").replace("/", os.sep)
+        return os.path.realpath(local) != os.path.join(self._real_prefix, relative)
 
     def leads_outside(self, path: str) -> bool:
         """Whether the local `path` resolves (through symbolic links) to a place outside the prefix."""

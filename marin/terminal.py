@@ -1,0 +1,52 @@
+"""Text from an output tree, made safe to print on a terminal.
+
+A tree is untrusted input (see `marin.outputs`), and a terminal acts on what it is sent:
+an escape sequence in a step name, a status message or a log line can clear the screen,
+retitle the window, or write the clipboard (OSC 52), and a newline in a directory name
+can fake a row of `marin ls`. So the `marin` command prints through `SafeStream`, which
+shows every control character as an escape (`\\x1b`) instead of sending it, and table
+cells, which are one line each, go through `one_line`, which escapes line breaks too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TextIO
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 controls but tab and newline, DEL, and C1 controls (0x9b is a one-byte CSI on some terminals)."""
+
+_CONTROL_OR_BREAK = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def printable(text: str) -> str:
+    """`text` with line breaks kept (a carriage return starts a new line, as a progress bar
+    in a log meant it to) and every other control character shown as an escape."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub(_escape, text)
+
+
+def one_line(text: str) -> str:
+    """`text` with every control character, line breaks included, shown as an escape."""
+    return _CONTROL_OR_BREAK.sub(_escape, text)
+
+
+class SafeStream:
+    """A text stream that writes `printable(text)` to the stream it wraps."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name: str):  # flush, fileno, isatty, encoding, ...
+        return getattr(self.stream, name)

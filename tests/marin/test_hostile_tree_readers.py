@@ -1,0 +1,281 @@
+"""Readers of a tampered tree: `marin gc` loses nothing, no command prints a traceback or
+sends a terminal control sequence, and odd values in bookkeeping files are taken as unread.
+
+Found by a red-team pass over real trees (ninth session). Each test makes a real tree with
+the executor, edits it the way someone with write access to the tree could, and runs the
+real command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from executor import Executor
+from executor.lease import MAX_CLOCK_AHEAD_S, lease_is_stale, read_lease
+from executor.store import open_store
+from executor.tree import LEASE_FILE, STATUS_FILE, LeaseRecord, Status, append_status, info_path
+from marin.cli import main
+from marin.outputs import OutputTree, iso_seconds
+from marin.terminal import SafeStream, one_line, printable
+from tests.marin import sample_tree
+from tests.marin.sample_tree import FAST_LEASES
+
+
+def marin(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def tree(tmp_path) -> str:
+    """Two steps (`notes/first`, `notes/second`), both SUCCESS and referenced by a manifest."""
+    prefix = str(tmp_path / "tree")
+    Executor(prefix, lease_config=FAST_LEASES, console=False).run(sample_tree.note_steps("hi"))
+    return prefix
+
+
+def step_dir(prefix: str, name: str = "notes/first") -> str:
+    return OutputTree(prefix).find(name).path
+
+
+def only_manifest(prefix: str) -> str:
+    directory = os.path.join(prefix, "experiments")
+    (name,) = os.listdir(directory)
+    return os.path.join(directory, name)
+
+
+def edit_json(path: str, change) -> None:
+    with open(path) as handle:
+        record = json.load(handle)
+    change(record)
+    with open(path, "w") as handle:
+        json.dump(record, handle)
+
+
+def edit_last_status(path: str, change) -> None:
+    status = os.path.join(path, STATUS_FILE)
+    with open(status) as handle:
+        events = [json.loads(line) for line in handle if line.strip()]
+    change(events[-1])
+    with open(status, "w") as handle:
+        handle.write("".join(json.dumps(event) + "\n" for event in events))
+
+
+# -- gc: nothing referenced is deleted --------------------------------------------------------
+def test_gc_never_deletes_a_referenced_output_through_a_link_inside_the_prefix(tree, capsys):
+    os.symlink(os.path.join(tree, "notes"), os.path.join(tree, "alias"))
+    first, second = step_dir(tree, "notes/first"), step_dir(tree, "notes/second")
+
+    code, out, err = marin(capsys, "gc", "--prefix", tree, "--yes")
+
+    assert code == 0, out + err
+    assert "alias/" not in out, out  # not even listed: its real name is referenced
+    for path in (first, second):
+        assert os.path.exists(os.path.join(path, STATUS_FILE)), out
+        assert os.path.exists(os.path.join(path, "note.txt")), out
+    assert OutputTree(tree).find("notes/first").status == "SUCCESS"
+
+
+@pytest.mark.parametrize("damage", ["too_large", "fifo", "unknown_word"])
+def test_gc_keeps_an_output_whose_status_file_it_could_not_read(tree, capsys, damage):
+    path = step_dir(tree)
+    status = os.path.join(path, STATUS_FILE)
+    if damage == "too_large":
+        with open(status, "r+b") as handle:
+            handle.truncate(300 * 2**20)  # sparse: costs no disk
+    elif damage == "fifo":
+        os.remove(status)
+        os.mkfifo(status)
+    else:  # a status word this version does not know (a newer executor's, say)
+        with open(status, "a") as handle:
+            handle.write(json.dumps({"date": "2026-11-24T03:07:28.570Z", "status": "ARCHIVED"}) + "\n")
+
+    code, out, err = marin(capsys, "gc", "--prefix", tree, "--yes")
+
+    assert code == 0, out + err
+    assert "abandoned" not in out, out
+    assert "kept notes/first-" in out and "its state is unknown" in out, out
+    assert "nothing to collect" in out, out
+    assert os.path.exists(os.path.join(path, "note.txt"))
+
+
+def test_gc_still_collects_an_output_with_no_status_file(tree, capsys):
+    """The check above keys on a status file that exists but was not read, not on any problem."""
+    path = step_dir(tree)
+    os.remove(os.path.join(path, STATUS_FILE))
+
+    code, out, err = marin(capsys, "gc", "--prefix", tree, "--yes")
+
+    assert code == 0, out + err
+    assert "abandoned" in out and "deleted 1 output(s)" in out, out
+    assert not os.path.exists(path)
+    assert os.path.exists(step_dir(tree, "notes/second"))
+
+
+# -- values that used to raise in a reader ----------------------------------------------------
+@pytest.mark.parametrize("outcome", [["x"], 5, {"a": 1}, None, ""])
+def test_ls_reads_a_manifest_whose_outcome_is_not_a_word(tree, capsys, outcome):
+    edit_json(only_manifest(tree), lambda record: record["steps"][0].update(outcome=outcome))
+
+    code, out, err = marin(capsys, "ls", "--prefix", tree)
+
+    assert code == 0, out + err
+    assert "?:1" in out and "succeeded:1" in out, out
+
+
+@pytest.mark.parametrize(
+    "date, seconds",
+    [
+        ("2026-11-24T03:07:28.570Z", 1795489648.57),
+        ("2026-11-24T03:07:28.5+01:00", 1795486048.5),  # an offset is valid ISO-8601
+        ("2026-11-24T03:07:28", 1795489648.0),  # no zone: UTC, as the executor writes
+        ("2026-11-24T03:07:28.abcZ", None),
+        ("not a date", None),
+        ("", None),
+        (None, None),
+        (17, None),
+    ],
+)
+def test_iso_seconds_reads_iso_dates_and_nothing_else(date, seconds):
+    found = iso_seconds(date)
+    assert found == pytest.approx(seconds) if seconds is not None else found is None
+
+
+@pytest.mark.parametrize("date", ["2026-11-24T03:07:28.abcZ", "2026-11-24T03:07:28.5+01:00"])
+def test_ls_and_tree_read_odd_dates(tree, capsys, date):
+    edit_last_status(step_dir(tree), lambda event: event.update(date=date))
+    edit_json(only_manifest(tree), lambda record: record.update(created_date=date))
+
+    for command in (["ls"], ["tree"], ["show", "notes/first"]):
+        code, out, err = marin(capsys, *command, "--prefix", tree)
+        assert code == 0, (command, out + err)
+
+
+@pytest.mark.parametrize("duration", [10**400, float("nan"), float("inf"), "12", True])
+def test_a_duration_that_is_no_number_of_seconds_is_not_shown(tree, capsys, duration):
+    # json.dumps writes NaN/Infinity, as a tampered file may hold them.
+    edit_last_status(step_dir(tree), lambda event: event.update(duration_s=duration))
+
+    assert OutputTree(tree).find("notes/first").duration_s is None
+    code, out, err = marin(capsys, "ls", "--prefix", tree, "--json")
+    assert code == 0, out + err
+    (first,) = [step for step in json.loads(out)["steps"] if step["name"] == "notes/first"]
+    assert first["duration_s"] is None
+    assert marin(capsys, "tree", "--prefix", tree)[0] == 0
+
+
+@pytest.mark.parametrize("stamp", [10**400, 1e300, -1e18, -1, 253402300800])
+def test_a_lease_time_no_clock_can_show_is_unreadable(tree, capsys, stamp):
+    path = step_dir(tree)
+    store = open_store(tree)
+    append_status(store, path, Status.RUNNING, worker="someone")
+    with open(os.path.join(path, LEASE_FILE), "w") as handle:
+        json.dump({"timestamp": stamp, "worker_id": "host:1:x"}, handle)
+
+    assert read_lease(store, path) is None  # as if there were none: taken over
+    for command in (["show", "notes/first"], ["gc"], ["ls"]):
+        code, out, err = marin(capsys, *command, "--prefix", tree)
+        assert code == 0, (command, out + err)
+    plan = Executor(tree, lease_config=FAST_LEASES, console=False).run(
+        sample_tree.note_steps("hi"), dry_run=True
+    )
+    assert [row.name for row in plan.rows if row.action.value == "run"] == ["notes/first"]
+
+
+def test_a_lease_dated_far_in_the_future_is_stale_and_the_step_runs(tree):
+    """A heartbeat more than a day ahead is no live driver's: otherwise it blocked the step for good."""
+    now = time.time()
+    held = LeaseRecord(worker="w", heartbeat=now + 3600)  # a clock an hour fast: still believed
+    assert not lease_is_stale(held, 10.0, now=now)
+    assert not lease_is_stale(LeaseRecord(worker="w", heartbeat=now + MAX_CLOCK_AHEAD_S), 10.0, now=now)
+    assert lease_is_stale(LeaseRecord(worker="w", heartbeat=now + MAX_CLOCK_AHEAD_S + 1), 10.0, now=now)
+
+    path = step_dir(tree)
+    append_status(open_store(tree), path, Status.RUNNING, worker="someone")
+    with open(os.path.join(path, LEASE_FILE), "w") as handle:
+        json.dump({"timestamp": now + 30 * 86400, "worker_id": "host:1:x"}, handle)
+    started = time.monotonic()
+    Executor(tree, lease_config=FAST_LEASES, console=False).run(sample_tree.note_steps("hi"))
+    assert time.monotonic() - started < 60
+    assert OutputTree(tree).find("notes/first").status == "SUCCESS"
+
+
+def test_diff_reads_a_version_whose_config_is_not_an_object(tree, capsys):
+    edit_json(
+        info_path(step_dir(tree)),
+        lambda record: record.update(version={"config": [1], "dependencies": "x"}),
+    )
+
+    code, out, err = marin(capsys, "diff", "notes/second", "notes/first", "--prefix", tree)
+
+    assert code == 0, out + err
+
+
+# -- reproduce: a rebuilt step that fails ------------------------------------------------------
+def test_reproduce_says_in_one_line_that_a_rebuilt_step_failed(tree, tmp_path, capsys):
+    # A project function that fails on this config: accepted by the checks (it is the
+    # project's), so the rebuild runs it and it fails.
+    edit_json(info_path(step_dir(tree)), lambda record: record.update(fn_name="marin.cli:main"))
+    into = str(tmp_path / "again")
+
+    code, out, err = marin(
+        capsys, "reproduce", "notes/first", "--prefix", tree, "--into", into, "--allow-code-changes"
+    )
+
+    assert code == 3, out + err
+    # The step's own traceback is shown as a run shows it (and kept in its log); marin's is not.
+    assert "cmd_reproduce" not in err and "ExecutorRunError" not in err, err
+    summary = err[err.index("marin reproduce: the rebuild into") :].splitlines()
+    assert summary[0].endswith("failed, so nothing was compared:"), err
+    assert summary[1].startswith("  - notes/first: TypeError: ") and "(log: " in summary[1], err
+    assert len(summary) == 2, err
+    assert "result:" not in out
+
+
+# -- the terminal ------------------------------------------------------------------------------
+def test_printable_escapes_controls_and_keeps_line_breaks():
+    assert printable("a\x1b[2Jb\tc\nd\x07\x9b\x7f") == "a\\x1b[2Jb\tc\nd\\x07\\x9b\\x7f"
+    assert printable("10%\r20%\r\n") == "10%\n20%\n"
+    assert one_line("x\nSUCCESS  fake\r\t\x1b") == "x\\nSUCCESS  fake\\r\\t\\x1b"
+    assert printable("plain text, ünïcode ✓") == "plain text, ünïcode ✓"
+
+
+def test_safe_stream_writes_escaped_text_and_passes_the_rest_through(tmp_path):
+    with open(tmp_path / "out.txt", "w") as handle:
+        stream = SafeStream(handle)
+        assert stream.write("\x1b]52;c;ZWNobw==\x07ok\n") == len("\x1b]52;c;ZWNobw==\x07ok\n")
+        stream.flush()
+        assert stream.fileno() == handle.fileno()
+    assert (tmp_path / "out.txt").read_text() == "\\x1b]52;c;ZWNobw==\\x07ok\n"
+
+
+def test_no_command_sends_a_control_sequence_from_the_tree(tree, capsys):
+    path = step_dir(tree)
+    evil = "\x1b]0;TITLE\x07\x1b[2J"
+    edit_json(info_path(path), lambda record: record.update(description=f"desc {evil}", fn_name=f"{evil}x:y"))
+    edit_last_status(path, lambda event: event.update(message=f"boom {evil}", worker=f"w{evil}"))
+    with open(os.path.join(path, ".executor_log"), "w") as handle:
+        handle.write(f"line one\n\x1b]52;c;ZWNobw==\x07 clipboard\n{evil}\n")
+    fake = os.path.join(tree, "notes", f"x{evil}\nSUCCESS  fake-11111111")
+    os.makedirs(fake)
+    with open(os.path.join(fake, STATUS_FILE), "w") as handle:
+        handle.write(
+            json.dumps({"date": "2026-11-24T03:07:28.570Z", "status": "FAILED", "message": evil}) + "\n"
+        )
+
+    seen = ""
+    for command in (["ls"], ["show", "notes/first"], ["tree"], ["gc"], ["why", "notes/first"]):
+        code, out, err = marin(capsys, *command, "--prefix", tree)
+        assert code in (0, 2), (command, out + err)
+        assert "\x1b" not in out + err and "\x07" not in out + err, (command, out + err)
+        seen += out + err
+    assert "\\x1b]0;TITLE\\x07" in seen  # shown, escaped
+    assert "\\x1b]52;c;ZWNobw==\\x07 clipboard" in seen
+    # the newline in the directory name does not start a row of its own
+    assert not any(line.startswith("SUCCESS  fake-11111111") for line in seen.splitlines()), seen
+    assert "\\nSUCCESS  fake-11111111" in seen
