@@ -71,7 +71,7 @@ class ExecutorMainConfig:
     """Re-run steps that failed before (otherwise they are an error)."""
 
     run_only: Optional[list[str]] = None
-    """Regexes (matched from the start of step names): run only these steps and the blocking
+    """Regexes (matched anywhere in a step name, `re.search`): run only these steps and the blocking
     dependencies they need that have not succeeded. One regex, or a list: '["a/.*", "b"]'."""
 
     max_concurrent: Optional[int] = None

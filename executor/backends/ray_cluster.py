@@ -456,10 +456,6 @@ def _sys_path() -> list[str]:
     return [entry for entry in sys.path if entry]
 
 
-def _prefix_of(step: ResolvedStep) -> str:
-    return step.output_path.rsplit("/", 1)[0]
-
-
 # ---------------------------------------------------------------------------- what is asked
 
 

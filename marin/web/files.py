@@ -25,6 +25,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import gzip
+import importlib
 import io
 import json
 import lzma
@@ -133,12 +134,30 @@ def open_raw(store: Store, target: Target) -> Iterator[IO[bytes]]:
             yield handle
 
 
+class MissingPackage(Refused):
+    """A file kind that needs a package of the `data` extra, which is not installed."""
+
+    def __init__(self, module: str, what: str):
+        super().__init__(
+            501,
+            f"showing {what} needs {module.split('.')[0]}, which is not installed: "
+            "pip install -e '.[data]' (or pip install marin-experiments[data])",
+        )
+
+
+def _optional(module: str, what: str) -> Any:
+    """`module`, imported on first use (the browser itself needs no package of the `data` extra)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise MissingPackage(module, what) from error
+
+
 def decompressed(raw: IO[bytes], kind: str | None) -> IO[bytes]:
     if kind == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if kind == "zstd":
-        import zstandard
-
+        zstandard = _optional("zstandard", ".zst files")
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
     if kind == "bz2":
         return bz2.BZ2File(raw, mode="rb")
@@ -322,7 +341,7 @@ def _text_page(store: Store, target: Target, offset: int, size: int | None) -> P
 
 
 def _parquet_page(store: Store, target: Target, offset: int, limit: int, size: int | None) -> Page:
-    import pyarrow.parquet as pq
+    pq = _optional("pyarrow.parquet", "parquet files")
 
     with open_raw(store, target) as raw:
         try:

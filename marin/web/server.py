@@ -6,16 +6,23 @@ Limits, so bursts and idle clients cannot stall it:
   clients waits to be accepted instead of having its SYNs dropped);
 - every connection has a socket timeout (`CONNECTION_TIMEOUT` seconds by default): a
   client that sends nothing, or stops reading, is dropped when it runs out;
+- a request (its line, headers and any body a refused request is drained of) must arrive
+  whole within that same time, counted from when the server starts waiting for it: a
+  client trickling a byte now and then is dropped too, so slow clients cannot hold
+  every connection slot;
 - at most `MAX_CONNECTIONS` connections are handled at once, one daemon thread each; a
   connection past that gets `503` at once and is closed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import ipaddress
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .pages import App, Response
@@ -52,6 +59,30 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each given only the time left until `deadline` (time.monotonic()).
+
+    A socket timeout alone bounds each read: a client sending a byte just before it runs
+    out would keep one request coming forever.
+    """
+
+    def __init__(self, sock: socket.socket, timeout: float):
+        self.sock = sock
+        self.timeout = timeout
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self.sock.settimeout(min(left, self.timeout))
+        return self.sock.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "marin-browse"
@@ -60,20 +91,42 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = self.server.connection_timeout  # StreamRequestHandler applies it to the socket
         super().setup()
+        self.rfile.close()  # the socket's own reader: ours replaces it (the socket stays open)
+        self._reader = _DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = time.monotonic() + self.timeout
+        try:
+            super().handle_one_request()
+        finally:
+            self._request_read()
+
+    def _request_read(self) -> None:
+        """Back to the plain socket timeout: the reply may take long to write to a slow reader."""
+        if self._reader.deadline is not None:
+            self._reader.deadline = None
+            with contextlib.suppress(OSError):  # the client is gone: nothing left to read
+                self.connection.settimeout(self.timeout)
 
     def parse_request(self) -> bool:
         if not super().parse_request():
             return False
         if self.command not in ALLOWED_METHODS:
-            self._drain_body()
+            # The reply first, so a client that never sends the body it announced has it at
+            # once; then the body is drained (within the request's time) so that closing the
+            # socket does not reset the reply before the client reads it.
             self._send(
                 Response(
                     405, b"405 method not allowed: this browser is read-only\n", "text/plain; charset=utf-8"
                 ),
-                extra={"Allow": ", ".join(ALLOWED_METHODS)},
+                extra={"Allow": ", ".join(ALLOWED_METHODS), "Connection": "close"},
             )
+            self.wfile.flush()
+            self._drain_body()
             self.close_connection = True
             return False
+        self._request_read()
         if not self._host_allowed():
             self._send(Response(403, b"403 forbidden: unexpected Host header\n", "text/plain; charset=utf-8"))
             self.close_connection = True
@@ -81,13 +134,16 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _drain_body(self) -> None:
-        """Read a refused request's body, so closing the socket does not reset the reply."""
+        """Read a refused request's body (at most `MAX_DRAINED_BODY` bytes, within the request's time)."""
         try:
             length = min(int(self.headers.get("Content-Length") or 0), MAX_DRAINED_BODY)
         except ValueError:
             length = 0
-        if length > 0:
-            self.rfile.read(length)
+        try:
+            while length > 0 and (chunk := self.rfile.read1(min(length, 65536))):
+                length -= len(chunk)
+        except OSError:  # TimeoutError included: the reply is sent, the connection closes
+            pass
 
     def _host_allowed(self) -> bool:
         """A server on loopback answers only to loopback names (no DNS rebinding)."""

@@ -323,13 +323,12 @@ def test_connecting_uses_the_address_then_ray_address(monkeypatch):
 # -- small helpers ------------------------------------------------------------------------------
 
 
-def test_group_name_prefix_and_sys_path(monkeypatch):
+def test_group_name_and_sys_path(monkeypatch):
     step = _resolved(ResourceConfig.with_cpu(cpu=1), name="a" * 70)
     name = rc._group_name(step)
     import hashlib
 
     assert name == f"marin-gang:{'a' * 60}:{hashlib.sha256(step.output_path.encode()).hexdigest()[:16]}"
-    assert rc._prefix_of(step) == "/tmp/unused"
     monkeypatch.setattr(sys, "path", ["", "/a", ""])
     assert rc._sys_path() == ["/a"]
 

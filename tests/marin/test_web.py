@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import sys
 import tracemalloc
 import uuid
 
@@ -283,6 +284,26 @@ def files_prefix(tmp_path_factory) -> str:
 def page_of(prefix: str, name: str, offset: int = 0, limit: int = 50):
     guard = PrefixGuard(prefix, open_store(prefix))
     return read_page(guard.store, guard.resolve(name), offset, limit)
+
+
+@pytest.mark.parametrize(
+    ("name", "module"), [("rows.jsonl.zst", "zstandard"), ("rows.parquet", "pyarrow.parquet")]
+)
+def test_a_file_kind_whose_package_is_missing_gets_a_page_saying_what_to_install(
+    files_prefix, monkeypatch, name, module
+):
+    """The browser comes with the core install; .zst and parquet need the `data` extra."""
+    monkeypatch.setitem(sys.modules, module, None)  # `import` now raises ImportError
+    with pytest.raises(Refused) as refused:
+        page_of(files_prefix, name)
+    assert refused.value.status == 501
+    assert module.split(".")[0] in refused.value.message and ".[data]" in refused.value.message
+    server = start_server(files_prefix, port=0).start_in_thread()
+    try:
+        status, _headers, body = request(server, f"/file/{name}")
+        assert status == 501 and b".[data]" in body, body[:500]
+    finally:
+        server.shutdown()
 
 
 @pytest.mark.parametrize("name", ["rows.jsonl.gz", "rows.jsonl.zst", "rows.jsonl"])

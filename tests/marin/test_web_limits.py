@@ -132,6 +132,51 @@ def test_connections_past_the_cap_get_503_at_once(prefix):
         server.shutdown()
 
 
+def test_a_client_trickling_its_request_is_dropped_when_its_time_is_up(prefix):
+    """A byte every 0.3 s never lets a 1 s socket timeout run out; the request's own time does."""
+    server = start_server(str(prefix), port=0, connection_timeout=1.0).start_in_thread()
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        with sock:
+            started = time.monotonic()
+            closed_after = None
+            for byte in b"GET /raw/hello.txt HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100:
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:  # reset: the server has closed it
+                    closed_after = time.monotonic() - started
+                    break
+                time.sleep(0.3)
+                sock.setblocking(False)
+                try:
+                    if sock.recv(1) == b"":
+                        closed_after = time.monotonic() - started
+                        break
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+            assert closed_after is not None and closed_after < 3.0, closed_after
+        # The idle wait for a next request on a kept-alive connection is not cut short: a
+        # client that sends its request at once is served as before.
+        assert get(server.port, "/raw/hello.txt", timeout=10) == (200, b"hello\n")
+    finally:
+        server.shutdown()
+
+
+def test_a_refused_method_is_answered_at_once_even_if_its_body_never_comes(prefix):
+    server = start_server(str(prefix), port=0, connection_timeout=5.0).start_in_thread()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000000\r\n\r\nab")
+            reply = sock.recv(65536)
+            assert reply.startswith(b"HTTP/1.0 405 ") or reply.startswith(b"HTTP/1.1 405 "), reply
+            assert time.monotonic() - started < 2.0
+    finally:
+        server.shutdown()
+
+
 # -- decompression bombs ---------------------------------------------------------------------
 MEMBER_BYTES = 64 << 20
 BOMB_BYTES = 2 << 30
