@@ -83,6 +83,11 @@ def is_absolute_path(path: str) -> bool:
     return path.startswith("/") or "://" in path
 
 
+def storage_of(path: str) -> str:
+    """The storage a path is on: "file" for local paths (with or without `file://`), else its scheme."""
+    return path.split("://", 1)[0] if "://" in path and not path.startswith("file://") else "file"
+
+
 def fn_qualname(fn: Any) -> str:
     """`module:qualname` of a step function (what `.executor_info` records)."""
     module = getattr(fn, "__module__", None) or type(fn).__module__
@@ -420,14 +425,27 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
         for marker, path, depth in markers[id(step)]:
             builder.add(marker, path, depth)
         version = {"name": step.name, "config": builder.config_version, "dependencies": builder.dep_hashes}
-        version_json = canonical_json(version)
-        if len(version_json) > MAX_VERSION_BYTES // 4 and len(version_json.encode()) > MAX_VERSION_BYTES:
-            _refuse_large_version(step, builder.config_version, len(version_json.encode()))
-        version_hash = sha256_hex(version_json)
+        try:
+            version_json = canonical_json(version)
+            if len(version_json) > MAX_VERSION_BYTES // 4 and len(version_json.encode()) > MAX_VERSION_BYTES:
+                _refuse_large_version(step, builder.config_version, len(version_json.encode()))
+            version_hash = sha256_hex(version_json)
+        except (ValueError, UnicodeError) as error:  # see _refuse_unencodable
+            if isinstance(error, StepDefinitionError):
+                raise
+            _refuse_unencodable(step, builder.config_version, error)
         default_path = join_path(prefix, f"{step.name}-{version_hash[:HASH_LENGTH]}")
         output_path = default_path
         if step.override_output_path is not None:
             override = step.override_output_path
+            if storage_of(override) != storage_of(prefix):
+                # Everything of a run goes through the prefix's storage: a foo:// path would be
+                # written as a local directory named "foo:".
+                raise StepDefinitionError(
+                    f"step {step.name!r}: override_output_path {override!r} is on {storage_of(override)}://, "
+                    f"not on the prefix's storage ({prefix}); give a path relative to the prefix or on "
+                    "the same storage"
+                )
             output_path = override if is_absolute_path(override) else join_path(prefix, override)
             output_path = output_path.rstrip("/")
             if output_path != default_path:
@@ -469,6 +487,24 @@ def _concrete_config(step: ExecutorStep, builder: _VersionBuilder) -> Any:
         return map_markers(step.config, builder.concrete)
     except ValueError as error:  # a placeholder in an init=False field
         raise StepDefinitionError(f"step {step.name!r}: {error}") from None
+
+
+def _refuse_unencodable(step: ExecutorStep, config_version: dict[str, Any], error: Exception) -> None:
+    """A versioned value JSON cannot write (an integer of more than 4,300 digits) or UTF-8
+    cannot encode (a lone surrogate, "\\ud800"): refused, naming the first such field."""
+    for path, value in config_version.items():
+        try:
+            sha256_hex(canonical_json(value))
+        except (ValueError, UnicodeError):
+            where = f"versioned field {path!r}"
+            break
+    else:
+        where = "its version"
+    raise StepDefinitionError(
+        f"step {step.name!r}: {where} cannot be encoded for hashing ({type(error).__name__}: {error}). "
+        "Version a value that can be written as JSON text: a big integer as a string or a digest, "
+        "text as valid Unicode"
+    ) from None
 
 
 def _refuse_large_version(step: ExecutorStep, config_version: dict[str, Any], size: int) -> None:
@@ -516,7 +552,9 @@ def _check_interchangeable(kept: ResolvedStep, other: ResolvedStep) -> None:
         changed = [
             entry.field for entry in diff_flat(flatten(kept.config_record), flatten(other.config_record))
         ]
-        problems.append("different unversioned config fields: " + ", ".join(changed))
+        # With equal versions only unversioned fields can differ; otherwise say no more than "config".
+        kind = "unversioned config fields" if kept.version_hash == other.version_hash else "config fields"
+        problems.append(f"different {kind}: " + ", ".join(changed))
     if problems:
         raise StepDefinitionError(
             f"steps {kept.name!r} and {other.name!r} both resolve to the output path {kept.output_path} "

@@ -41,6 +41,7 @@ import sys
 from typing import Optional
 
 from executor.executor import Executor
+from executor.graph import storage_of
 from executor.lease import LeaseConfig
 from executor.plan import RunOnlyError, compile_run_only
 from executor.runner import ExecutorRunError
@@ -135,6 +136,13 @@ def executor_main(steps: list[ExecutorStep | InputName], description: Optional[s
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prefix = resolve_prefix(config.prefix)
+    base = config.executor_info_base_path
+    if base is not None and storage_of(base) != storage_of(prefix):
+        _exit(
+            f"--executor_info_base_path {base!r} is on {storage_of(base)}://, not on the prefix's "
+            f"storage ({prefix}): experiment manifests are written there with the prefix's storage",
+            EXIT_USAGE,
+        )
     try:
         executor = Executor(
             prefix,
@@ -215,11 +223,14 @@ def parse_flags(argv: list[str]) -> ExecutorMainConfig:
     draccus would: then draccus is not even imported (~0.2 s of every script's start).
     """
     argv, run_only = _take_run_only(argv)
+    argv, paths = _take_paths(argv)
     config = _parse_plain(argv)
     if config is None:
         config = _parse_with_draccus(argv)
     if run_only is not None:
         config = dataclasses.replace(config, run_only=run_only)
+    if paths:
+        config = dataclasses.replace(config, **paths)
     try:
         compile_run_only(config.run_only)
     except RunOnlyError as error:
@@ -248,12 +259,6 @@ def _parse_with_draccus(argv: list[str]) -> ExecutorMainConfig:
         first = (str(error).strip().splitlines() or [""])[0]
         raise UsageError(f"cannot read the flags: {type(error).__name__}: {first}") from None
     return config
-
-
-def _plain_str(text: str) -> str | None:
-    # A path with a '/' and none of YAML's special characters is the same string to YAML
-    # (draccus reads every value as YAML: `--prefix yes` would be 'True', `--prefix 0x10` '16').
-    return text if "/" in text and _PLAIN_PATH.fullmatch(text) else None
 
 
 def _plain_word(text: str) -> str | None:
@@ -289,11 +294,8 @@ def _plain_float(text: str) -> float | None:
     return None
 
 
-_PLAIN_PATH = None  # compiled on first use (`re` is loaded by then anyway, by executor.steps)
 _PLAIN_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 _PLAIN_PARSERS = {
-    "prefix": _plain_str,
-    "executor_info_base_path": _plain_str,
     "dry_run": _plain_bool,
     "force_run_failed": _plain_bool,
     "max_concurrent": _plain_int,
@@ -313,11 +315,6 @@ def _parse_plain(argv: list[str]) -> Optional[ExecutorMainConfig]:
     None for anything else (`--help`, `--config_path`, an unknown or repeated flag, a value
     YAML reads otherwise or draccus refuses): draccus then parses, or writes the message.
     """
-    global _PLAIN_PATH
-    if _PLAIN_PATH is None:
-        import re
-
-        _PLAIN_PATH = re.compile(r"[A-Za-z0-9_./](?:[A-Za-z0-9_./@+=~-]|:(?=/))*")
     values: dict = {}
     index = 0
     while index < len(argv):
@@ -362,6 +359,51 @@ def backend_of(config: ExecutorMainConfig) -> str:
         raise UsageError(str(error)) from None
 
 
+PATH_FLAGS = ("prefix", "executor_info_base_path")
+"""Flags whose value is a path or URL, taken exactly as given (draccus reads values as YAML:
+`--prefix no` would be 'False', `--prefix 0x10` '16', `--prefix null` no prefix at all)."""
+
+
+def _take_paths(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Take the `PATH_FLAGS` out of `argv`: {flag: value}; UsageError for an empty value, a
+    missing one, or a flag given twice (which one was meant?)."""
+    rest: list[str] = []
+    found: dict[str, str] = {}
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        name, equals, text = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        name = _full_flag(name)
+        if name not in PATH_FLAGS:
+            rest.append(arg)
+            index += 1
+            continue
+        if not equals:
+            if index + 1 >= len(argv) or argv[index + 1].startswith("--"):
+                raise UsageError(f"--{name}: expected a directory or a URL after it")
+            text = argv[index + 1]
+            index += 1
+        index += 1
+        if name in found:
+            raise UsageError(f"--{name} given twice ({found[name]!r} and {text!r}): give it once")
+        if not text.strip():
+            raise UsageError(f"--{name} is empty: give a directory or a URL (s3://bucket/path)")
+        found[name] = text
+    return rest, found
+
+
+def _full_flag(name: str) -> str:
+    """The flag `--name` stands for: argparse (hence draccus) takes any unambiguous start of
+    a flag's name (`--pre` for `--prefix`)."""
+    if not name:
+        return name
+    flags = [field.name for field in dataclasses.fields(ExecutorMainConfig)] + ["config_path", "help"]
+    if name in flags:
+        return name
+    matches = [flag for flag in flags if flag.startswith(name)]
+    return matches[0] if len(matches) == 1 else name
+
+
 def _take_run_only(argv: list[str]) -> tuple[list[str], Optional[list[str]]]:
     """Take `--run_only` out of `argv` and parse it ourselves: one regex, or a JSON list of them.
 
@@ -373,6 +415,10 @@ def _take_run_only(argv: list[str]) -> tuple[list[str], Optional[list[str]]]:
     while index < len(argv):
         arg = argv[index]
         if arg == "--run_only" and index + 1 < len(argv):
+            if argv[index + 1].startswith("--"):  # `--run_only --prefix p`: the value was left out
+                raise UsageError(
+                    f"--run_only: expected a regex or a JSON list of regexes, got the flag {argv[index + 1]}"
+                )
             run_only = _parse_run_only(argv[index + 1])
             index += 2
             continue

@@ -129,6 +129,12 @@ def test_longer_cycle_below_a_root_is_named(tmp_path):
             "different versions",
             id="same-override-different-versions",
         ),
+        pytest.param(  # the versioned field differs: not called "unversioned"
+            {"name": "one", "x": versioned(1), "override": "shared"},
+            {"name": "two", "x": versioned(2), "override": "shared"},
+            "different versions; different config fields: label, x. ",
+            id="same-override-different-versions-names-the-field",
+        ),
         pytest.param(
             {"name": "same", "y": 1},
             {"name": "same", "y": 2},
@@ -420,3 +426,48 @@ def test_failing_step_is_marked_failed_and_reported_with_its_log(tmp_path):
     assert sorted(CALLS) == ["bad", "good"]
     assert Status.SUCCESS not in [event.status for event in read_status(store, down_path)]
     assert read_status(store, executor.output_paths[good])[-1].status == Status.SUCCESS
+
+
+# -- values the hash cannot encode, paths on another storage (ninth session's red team) ----------
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [(10**5000, "Exceeds the limit (4300 digits)"), ("text \ud800", "surrogates not allowed")],
+    ids=["int-of-5001-digits", "lone-surrogate"],
+)
+def test_a_versioned_value_that_cannot_be_encoded_is_refused_naming_the_step_and_field(
+    tmp_path, value, reason
+):
+    bad = step("enc/bad", x=versioned(1), deps={"inner": versioned(value)})
+    message = run_expecting(
+        tmp_path,
+        [step("enc/fine"), bad],
+        StepDefinitionError,
+        "step 'enc/bad': versioned field 'deps.inner' cannot be encoded for hashing",
+        reason,
+        "Version a value that can be written as JSON text",
+    )
+    assert "enc/fine" not in message
+
+
+@pytest.mark.parametrize("override", ["foo://bar", "s3://bucket/out", "memory://x"])
+def test_an_override_output_path_on_another_storage_is_refused(tmp_path, override):
+    run_expecting(
+        tmp_path,
+        [step("moved").with_output_path(override)],
+        StepDefinitionError,
+        f"step 'moved': override_output_path {override!r} is on {override.split('://')[0]}://",
+        "not on the prefix's storage",
+    )
+
+
+def test_an_override_output_path_on_the_prefix_storage_is_accepted(tmp_path):
+    prefix = prefix_of(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    here, relative = (
+        step("here").with_output_path(f"file://{elsewhere}"),
+        step("rel").with_output_path("rel/out"),
+    )
+    Executor(str(prefix), console=False).run([here, relative])
+    assert sorted(CALLS) == ["here", "rel"]
+    assert read_status(LocalStore(), f"file://{elsewhere}")[-1].status == Status.SUCCESS
+    assert read_status(LocalStore(), f"{prefix}/rel/out")[-1].status == Status.SUCCESS

@@ -1,4 +1,7 @@
-"""`executor_main`'s flags without draccus: plain flags read exactly as draccus reads them."""
+"""`executor_main`'s flags without draccus: plain flags read exactly as draccus reads them,
+and path flags exactly as given (draccus would read them as YAML)."""
+
+import os
 
 import pytest
 
@@ -7,9 +10,6 @@ from tests.executor.steps_for_tests import modules_loaded_by
 
 PLAIN = [
     [],
-    ["--prefix", "/tmp/out"],
-    ["--prefix=s3://bucket/out", "--executor_info_base_path", "./experiments/x"],
-    ["--prefix", "/a=b/c@d+e~f-g.h"],
     ["--dry_run", "true", "--force_run_failed", "False"],
     ["--dry_run=TRUE"],
     ["--max_concurrent", "4"],
@@ -19,10 +19,7 @@ PLAIN = [
 ]
 
 NOT_PLAIN = [
-    ["--prefix", "yes"],  # YAML: True, so draccus makes it 'True'
-    ["--prefix", "0x10/a:"],  # a trailing ':' makes a YAML mapping
-    ["--prefix", "/a b"],
-    ["--prefix", "/a", "--prefix", "/b"],
+    ["--prefix", "/tmp/out"],  # path flags are taken out before (parse_flags: _take_paths)
     ["--pre", "/x"],  # argparse takes abbreviations
     ["--dry_run", "yes"],
     ["--dry_run", "1"],
@@ -54,3 +51,65 @@ def test_anything_else_is_left_to_draccus(argv):
 def test_a_script_with_plain_flags_does_not_import_draccus(tmp_path):
     code = "from executor.main import parse_flags\nparse_flags(['--prefix', '/tmp/x', '--dry_run', 'true', '--max_concurrent', '2'])"
     assert modules_loaded_by(code, ("draccus", "yaml")) == []
+
+
+PATHS = [
+    (["--prefix", "/tmp/out"], "/tmp/out", None),
+    (
+        ["--prefix=s3://bucket/out", "--executor_info_base_path", "./experiments/x"],
+        "s3://bucket/out",
+        "./experiments/x",
+    ),
+    (["--prefix", "/a=b/c@d+e~f-g.h"], "/a=b/c@d+e~f-g.h", None),
+    # YAML would read these as True, False, 16, None, a mapping: a prefix is taken as written.
+    (["--prefix", "yes"], "yes", None),
+    (["--prefix", "no", "--dry_run", "true"], "no", None),
+    (["--prefix=0x10"], "0x10", None),
+    (["--prefix", "null", "--executor_info_base_path", "~"], "null", "~"),
+    (["--prefix", "0x10/a:"], "0x10/a:", None),
+    (["--prefix", "/a b"], "/a b", None),
+    (["--pre", "on"], "on", None),  # an abbreviation argparse would take
+    (["--e=off", "--p", "n"], "n", "off"),
+]
+
+
+@pytest.mark.parametrize(("argv", "prefix", "base"), PATHS)
+def test_path_flags_are_taken_as_written(argv, prefix, base):
+    config = main.parse_flags(argv)
+    assert (config.prefix, config.executor_info_base_path) == (prefix, base)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prefix", ""], "--prefix is empty"),
+        (["--prefix="], "--prefix is empty"),
+        (["--executor_info_base_path", " "], "--executor_info_base_path is empty"),
+        (["--prefix", "/a", "--prefix", "/b"], "--prefix given twice ('/a' and '/b')"),
+        (["--prefix"], "--prefix: expected a directory or a URL"),
+        (["--prefix", "--dry_run", "true"], "--prefix: expected a directory or a URL"),
+        (
+            ["--run_only", "--prefix", "fl"],
+            "--run_only: expected a regex or a JSON list of regexes, got the flag --prefix",
+        ),
+    ],
+)
+def test_bad_path_flags_are_usage_errors(argv, message):
+    with pytest.raises(main.UsageError) as refused:
+        main.parse_flags(argv)
+    assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("base", ["foo://y", "s3://bucket/manifests"])
+def test_manifests_on_another_storage_than_the_prefix_are_a_usage_error(tmp_path, monkeypatch, capsys, base):
+    """They are written with the prefix's storage: `foo://y` became a local directory `foo:`."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(
+        "sys.argv", ["exp.py", "--prefix", str(tmp_path / "p"), "--executor_info_base_path", base]
+    )
+    with pytest.raises(SystemExit) as exited:
+        main.executor_main([])
+    assert exited.value.code == main.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --executor_info_base_path {base!r} is on {base.split('://')[0]}://")
+    assert os.listdir(tmp_path) == []

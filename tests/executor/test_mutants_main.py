@@ -330,20 +330,11 @@ def test_plain_values_read_as_yaml_would():
     assert main._plain_bool("yes") is None and main._plain_bool("tRue") is None
 
 
-def test_plain_strings_are_paths_with_a_slash():
-    main._parse_plain([])  # compiles the path pattern
-    assert main._plain_str("/data/out") == "/data/out"
-    assert main._plain_str("s3://bucket/x") == "s3://bucket/x"
-    assert main._plain_str("out") is None  # no '/': YAML may read it otherwise ('yes', '0x10')
-    assert main._plain_str("/a b") is None
-    assert main._plain_str("a:b/c") is None
-
-
 def test_parse_plain_reads_both_spellings_and_refuses_the_rest():
-    config = main._parse_plain(["--prefix", "/p/q", "--dry_run=true", "--max_concurrent", "3"])
-    assert config == main.ExecutorMainConfig(prefix="/p/q", dry_run=True, max_concurrent=3)
+    config = main._parse_plain(["--backend", "local", "--dry_run=true", "--max_concurrent", "3"])
+    assert config == main.ExecutorMainConfig(backend="local", dry_run=True, max_concurrent=3)
     assert main._parse_plain(["--lease_poll=2.5"]) == main.ExecutorMainConfig(lease_poll=2.5)
-    assert main._parse_plain(["--prefix", "/a", "--prefix", "/b"]) is None
+    assert main._parse_plain(["--max_concurrent", "1", "--max_concurrent", "2"]) is None
     assert main._parse_plain(["--dry_run"]) is None  # no value
     assert main._parse_plain(["-x", "1"]) is None
     assert main._parse_plain(["--unknown", "1"]) is None
@@ -536,16 +527,6 @@ def test_an_unreadable_config_file_is_named_in_the_message(tmp_path):
     text = str(caught.value)
     assert text.startswith("cannot read the flags: FileNotFoundError: ")
     assert missing in text and "\n" not in text
-
-
-def test_the_plain_path_pattern_compiled_on_first_use_accepts_paths(monkeypatch):
-    """The pattern is compiled by the first call in the process; what it accepts is pinned
-    from a fresh start (a later call would reuse whatever the first call compiled)."""
-    monkeypatch.setattr(main, "_PLAIN_PATH", None)
-    config = main._parse_plain(["--prefix", "/Data/Run_1/x-y.z", "--executor_info_base_path", "s3://B/e"])
-    assert config == main.ExecutorMainConfig(prefix="/Data/Run_1/x-y.z", executor_info_base_path="s3://B/e")
-    monkeypatch.setattr(main, "_PLAIN_PATH", None)
-    assert main._parse_plain(["--prefix", "/a b"]) is None
 
 
 def test_an_argparse_error_keeps_everything_after_its_first_error_marker():

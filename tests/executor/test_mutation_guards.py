@@ -419,7 +419,7 @@ def test_two_different_steps_on_one_path_are_refused_with_every_difference(tmp_p
         f"steps 's' and 's' both resolve to the output path {tmp_path}/s-fixed but have different versions; "
         f"different functions (tests.executor.steps_for_tests:write_value vs {__name__}:"
         "test_two_different_steps_on_one_path_are_refused_with_every_difference.<locals>.other_fn); "
-        "different unversioned config fields: key, value. Give one a different name, version the field "
+        "different config fields: key, value. Give one a different name, version the field "
         "that tells them apart, or remove the override_output_path"
     )
 
