@@ -129,6 +129,10 @@ class LeaseConfig:
         return cls(**values)
 
 
+MIN_SECONDS = 0.001
+"""The least a lease timing may be (tests run with heartbeats of 10 ms and polls of 1 ms)."""
+
+
 def _check_timing(values: Mapping[str, object], names: Mapping[str, str]) -> None:
     """ValueError naming the setting (`names`: field -> flag, variable or field name) to fix."""
     for name, value in values.items():
@@ -139,6 +143,8 @@ def _check_timing(values: Mapping[str, object], names: Mapping[str, str]) -> Non
             or value <= 0
         ):
             raise ValueError(f"{names[name]} must be a positive number of seconds, got {value!r}")
+        if value < MIN_SECONDS:  # 1e-300 s between heartbeats is a busy loop, not a setting
+            raise ValueError(f"{names[name]} must be at least {MIN_SECONDS:g} seconds, got {value!r}")
     if values["heartbeat_interval"] >= values["timeout"]:
         raise ValueError(
             f"{names['heartbeat_interval']} ({values['heartbeat_interval']:g}s) must be smaller than "

@@ -597,3 +597,12 @@ def test_close_stops_the_heartbeat(root):
     written = lease_bytes(store, f"{root}/s")
     time.sleep(FAST.heartbeat_interval * 3)
     assert lease_bytes(store, f"{root}/s") == written
+
+
+@pytest.mark.parametrize("field", ["timeout", "heartbeat_interval", "poll_interval"])
+def test_a_timing_below_a_millisecond_is_refused(field):
+    """1e-300 s between heartbeats was accepted: a busy loop, not a setting."""
+    with pytest.raises(ValueError) as raised:
+        LeaseConfig.from_env({}, sources={field: f"--{field}"}, **{field: 1e-300})
+    assert str(raised.value) == f"--{field} must be at least 0.001 seconds, got 1e-300"
+    assert LeaseConfig(heartbeat_interval=0.001, poll_interval=0.001, timeout=0.002).poll_interval == 0.001
