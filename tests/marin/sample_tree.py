@@ -157,3 +157,12 @@ def note_steps(text: str = "hello") -> list[ExecutorStep]:
         name="notes/second", fn=write_note, config=NoteConfig(this_output_path(), versioned(text + "!"))
     )
     return [first, second]
+
+
+def marin(capsys, *args: str) -> tuple[int, str, str]:
+    """Run the `marin` command in this process: (exit code, stdout, stderr)."""
+    from marin.cli import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -17,18 +17,11 @@ import pytest
 from executor import Executor, ExecutorStep, this_output_path, versioned
 from executor.lease import LeaseRecord
 from executor.tree import Status, append_status, info_path, lease_path
-from marin.cli import main
 from marin.outputs import OutputTree
 from tests.marin import sample_tree
-from tests.marin.sample_tree import FAST_LEASES, NoteConfig, fail_always
+from tests.marin.sample_tree import FAST_LEASES, NoteConfig, fail_always, marin
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def marin(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture

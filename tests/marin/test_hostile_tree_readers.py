@@ -18,17 +18,10 @@ from executor import Executor
 from executor.lease import MAX_CLOCK_AHEAD_S, lease_is_stale, read_lease
 from executor.store import open_store
 from executor.tree import LEASE_FILE, STATUS_FILE, LeaseRecord, Status, append_status, info_path
-from marin.cli import main
 from marin.outputs import OutputTree, iso_seconds
 from marin.terminal import SafeStream, one_line, printable
 from tests.marin import sample_tree
-from tests.marin.sample_tree import FAST_LEASES
-
-
-def marin(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from tests.marin.sample_tree import FAST_LEASES, marin
 
 
 @pytest.fixture

@@ -19,16 +19,9 @@ import pytest
 
 from executor import Executor
 from executor.tree import info_path
-from marin.cli import main
 from marin.outputs import MAX_RECORD_BYTES, OutputTree, TreeFileError
 from tests.marin import sample_tree
-from tests.marin.sample_tree import FAST_LEASES
-
-
-def marin(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from tests.marin.sample_tree import FAST_LEASES, marin
 
 
 @pytest.fixture
