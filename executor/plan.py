@@ -17,8 +17,10 @@ selects them. With `run_only`, only steps whose names match one of the regexes
 that have not succeeded; a pattern that matches no step is warned about, not refused.
 
 A step whose status file cannot be read (truncated, not UTF-8, an unknown status, a
-directory) is planned as an error naming the file and the fix; it never stops the
-planning of the other steps, and the steps that need it are planned as blocked.
+directory; on local disk also a symbolic link, a FIFO, a device or a socket, which are
+never read through), or whose lease file is such a link or special file, is planned as an
+error naming the file and the fix; it never stops the planning of the other steps, and
+the steps that need it are planned as blocked.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from executor.graph import HASH_LENGTH, ResolvedStep, StepDefinitionError, StepG
 from executor.lease import LeaseManager
 from executor.records import record
 from executor.steps import ExecutorStep
-from executor.store import Store
+from executor.store import NotRegularFileError, Store
 from executor.tree import (
     LeaseRecord,
     Status,
     StatusEvent,
     StatusFileError,
+    lease_path,
     read_info,
     read_last_status,
     read_last_status_local,
@@ -342,7 +345,11 @@ def _plan_step(
             f"failed previously (log: {step.output_path}/.executor_log); re-run with --force_run_failed true",
             status,
         )
-    lease = None if absent else leases.read(step.output_path)
+    try:
+        lease = None if absent else leases.read(step.output_path)
+    except NotRegularFileError as error:  # a link or FIFO in the lease's place: this step's problem
+        bad = StatusFileError(lease_path(step.output_path), error.why, "lease file")
+        return PlannedStep(step, Action.ERROR, str(bad), status, status_error=bad)
     if lease is not None and not leases.is_stale(lease, now):
         return PlannedStep(
             step,

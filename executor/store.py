@@ -8,6 +8,10 @@ stores (`s3://`, `gs://`) share one code path and one contract test suite
 The interface is deliberately small:
 
 - `read_bytes` / `read_text` return None for a missing file (no exists-then-read race);
+  on local disk they never read through a symbolic link nor wait on a FIFO: a link, FIFO,
+  device or socket in a file's place is a `NotRegularFileError` (and `append_line` never
+  writes through one; `write_atomic`'s rename replaces a link itself, never its target);
+- `find_files` lists every file under a directory, at any depth (never through a link);
 - `write_atomic` never leaves a half-written file under the final name (temporary
   name then rename on local disk; object stores publish an object whole);
 - `append_line` adds one line to a file that only one writer changes at a time (the
@@ -56,6 +60,20 @@ logger = logging.getLogger(__name__)
 
 class StoreError(OSError):
     """The prefix cannot be read or written."""
+
+
+class NotRegularFileError(OSError):
+    """A file the executor keeps (status, lease, info, log) is, on local disk, a symbolic
+    link, FIFO, device or socket: never read or written through (it could point out of the
+    prefix, or block a reader forever). `why` says what it is, for the caller's message."""
+
+    def __init__(self, path: str, why: str):
+        self.path = path
+        self.why = why
+        super().__init__(f"{path}: {why}")
+
+    def __reduce__(self):  # (pickled across processes: rebuild from both arguments)
+        return type(self), (self.path, self.why)
 
 
 @dataclass(frozen=True)
@@ -194,6 +212,23 @@ class Store:
             )
         return sorted(out, key=lambda info: info.name)
 
+    def find_files(self, path: str) -> list[str]:
+        """Every file under `path`, at any depth (sorted); empty when it does not exist.
+        One fresh recursive listing (on S3 one request per 1,000 objects)."""
+        fs_path = self.fs_path(path)
+
+        def fresh_find():
+            self.fs.invalidate_cache(fs_path)  # another driver may have written since
+            return self.fs.find(fs_path)
+
+        try:
+            found = self._io("list", path, fresh_find)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        base = self.fs._strip_protocol(fs_path).rstrip("/") + "/"
+        root = path.rstrip("/")
+        return sorted(f"{root}/{name[len(base) :]}" for name in found if name.startswith(base))
+
     def read_tail(self, path: str, limit: int | None) -> tuple[bytes | None, bool]:
         """(The last `limit` bytes of `path`, or all of it when `limit` is None; whether that
         is the whole file). (None, True) when the file does not exist; IsADirectoryError when
@@ -304,16 +339,70 @@ class Store:
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
+LOCAL_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+"""How the executor opens its own files for reading on local disk. O_NOFOLLOW: a symbolic
+link in a file's place fails the open (ELOOP) instead of reading wherever it points.
+O_NONBLOCK: a FIFO in its place opens and reads at once (empty) instead of waiting for a
+writer forever. Flags on the open the reader makes anyway: no extra system call."""
+
+_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+"""`append_line`'s open: it never writes through a link (a dangling one would create its
+target, outside the prefix), and a FIFO in the file's place opens without blocking."""
+
+_SPECIAL_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_regular(path: str, mode: int) -> NotRegularFileError | None:
+    """The error for a non-regular, non-directory file of `mode` at `path` (None otherwise)."""
+    for test, kind in _SPECIAL_KINDS:
+        if test(mode):
+            why = (
+                f"it is {kind}, not a regular file (the executor never reads or writes its files through one)"
+            )
+            return NotRegularFileError(path, why)
+    return None
+
+
+def special_file_error(local: str, error: OSError) -> OSError:
+    """What an open of `local` that raised `error` should raise: a NotRegularFileError when a
+    link, FIFO, device or socket is in the file's place (O_NOFOLLOW's ELOOP, a socket's
+    ENXIO), else `error` itself. An lstat on this failure path only."""
+    try:
+        mode = os.lstat(local).st_mode
+    except OSError:
+        return error
+    return _not_regular(local, mode) or error
+
+
+def check_regular(fd: int, local: str) -> None:
+    """Raise NotRegularFileError unless `fd` (opened from `local`) is a regular file or a
+    directory (whose callers have their own answer). One fstat: call it only where a
+    regular file would not do without (an empty or very long read, a refused read)."""
+    error = _not_regular(local, os.fstat(fd).st_mode)
+    if error is not None:
+        raise error
+
 
 def _read_local_tail(local: str, limit: int | None) -> tuple[bytes | None, bool]:
     try:
-        fd = os.open(local, os.O_RDONLY)
+        fd = os.open(local, LOCAL_READ_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return None, True
+    except OSError as error:
+        raise special_file_error(local, error) from None
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError(local)
+        special = _not_regular(local, info.st_mode)
+        if special is not None:  # a FIFO has no size to read to, a device no end
+            raise special
         start = 0 if limit is None else max(0, info.st_size - limit)
         chunks = []
         while chunk := os.pread(fd, 1 << 20, start):
@@ -365,14 +454,26 @@ class LocalStore(Store):
     def read_bytes(self, path: str) -> bytes | None:
         # Raw os.read skips Python's buffered-IO layers: ~2.5x faster for the small
         # status files a plan reads by the thousand.
+        local = self.fs_path(path)
         try:
-            fd = os.open(self.fs_path(path), os.O_RDONLY)
+            fd = os.open(local, LOCAL_READ_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as error:
+            raise special_file_error(local, error) from None
         try:
-            chunk = os.read(fd, 1 << 16)
-            if len(chunk) < 1 << 16:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:  # a FIFO with a writer but no data yet
+                check_regular(fd, local)
+                raise
+            if 0 < len(chunk) < 1 << 16:
                 return chunk  # a small file (status, lease): one read, no second read to see EOF
+            # Empty (a FIFO reads empty at once) or long (a device never ends): only now ask
+            # what the file is, so a small regular file costs no fstat.
+            check_regular(fd, local)
+            if not chunk:
+                return chunk
             chunks = [chunk]
             while chunk := os.read(fd, 1 << 16):
                 chunks.append(chunk)
@@ -407,6 +508,17 @@ class LocalStore(Store):
         except (FileNotFoundError, NotADirectoryError):
             return []
         return sorted(out, key=lambda info: info.name)
+
+    def find_files(self, path: str) -> list[str]:
+        root = path.rstrip("/")
+        top = self.fs_path(root)
+        out = []
+        # os.walk never descends into a linked directory (followlinks=False): what it lists
+        # is inside `path`. A link to a file is listed as the link itself.
+        for directory, _subdirectories, names in os.walk(top):
+            relative = directory[len(top) :]
+            out.extend(f"{root}{relative}/{name}" for name in names)
+        return sorted(out)
 
     def child_names(self, path: str) -> frozenset[str] | None:
         try:
@@ -444,9 +556,16 @@ class LocalStore(Store):
         # short write (disk full) is cut off again, so no half line is left behind.
         data = _to_bytes(line) + b"\n"
         target = self.fs_path(path)
-        fd = _open_making_parents(target, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
-            size = os.fstat(fd).st_size
+            fd = _open_making_parents(target, _APPEND_FLAGS)
+        except OSError as error:
+            raise special_file_error(target, error) from None
+        try:
+            info = os.fstat(fd)
+            special = _not_regular(target, info.st_mode)
+            if special is not None:  # a FIFO opened for writing: never write into it
+                raise special
+            size = info.st_size
             ours = self._appended_size.pop(target, None) == size  # still ends with our line
             if size and not ours and os.pread(fd, 1, size - 1) != b"\n":
                 data = b"\n" + data  # a file from elsewhere (Marin's one-word format) without one

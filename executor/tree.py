@@ -28,7 +28,14 @@ from typing import Any
 from executor.fingerprint import dumps_sorted, encode
 from executor.graph import ResolvedStep, StepGraph, join_path
 from executor.records import record
-from executor.store import Store, StoreError
+from executor.store import (
+    LOCAL_READ_FLAGS,
+    NotRegularFileError,
+    Store,
+    StoreError,
+    check_regular,
+    special_file_error,
+)
 from executor.template import encode_template
 
 INFO_FILE = ".executor_info"
@@ -59,15 +66,20 @@ longer than this, the file is refused."""
 
 
 class StatusFileError(ValueError):
-    """A `.executor_status` file the executor cannot read: names the file and the fix."""
+    """A `.executor_status` file (or, `what` says, another file of the step's bookkeeping:
+    its lease) the executor cannot read: names the file and the fix."""
 
-    def __init__(self, path: str, why: str):
+    def __init__(self, path: str, why: str, what: str = "status file"):
         self.path = path
         self.why = why
+        self.what = what
         super().__init__(
-            f"cannot read the status file {path}: {why}. Delete it to plan the step afresh "
+            f"cannot read the {what} {path}: {why}. Delete it to plan the step afresh "
             "(the step then runs again; its other files are kept)"
         )
+
+    def __reduce__(self):  # (pickled across processes: rebuild from the arguments)
+        return type(self), (self.path, self.why, self.what)
 
 
 def info_path(output_path: str) -> str:
@@ -262,10 +274,10 @@ def read_last_status_local(store: Store, output_path: str) -> StatusEvent | None
     cached re-run reads -- is matched in place after one `os.read`; any other content, and
     every error, goes through `read_last_status` (which reads the file again and names it)."""
     try:
-        fd = os.open(store.local_path(f"{output_path}/{STATUS_FILE}"), os.O_RDONLY)
+        fd = os.open(store.local_path(f"{output_path}/{STATUS_FILE}"), LOCAL_READ_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except OSError:
+    except OSError:  # a link in its place (ELOOP), ...: the general reader words it
         return read_last_status(store, output_path)
     try:
         data = os.read(fd, STATUS_TAIL_BYTES)
@@ -297,22 +309,39 @@ def _decode(data: bytes, path: str) -> str:
 
 
 def _read_local_head(local: str, path: str) -> bytes | None:
-    """Up to STATUS_TAIL_BYTES from the start of a local file in one `os.read` (no fstat: a
-    status file is a few hundred bytes); None when it does not exist. Raises like `_read_tail`."""
+    """Up to STATUS_TAIL_BYTES from the start of a local file in one `os.read` (no fstat
+    unless the read comes back empty or refused: a status file is a few hundred bytes);
+    None when it does not exist. Raises like `_read_tail`."""
     try:
-        fd = os.open(local, os.O_RDONLY)
+        fd = os.open(local, LOCAL_READ_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as error:
-        raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
+        raise _named(path, special_file_error(local, error)) from error
     try:
-        return os.read(fd, STATUS_TAIL_BYTES)
-    except IsADirectoryError:
-        raise StatusFileError(path, "it is a directory, not a file") from None
-    except OSError as error:
-        raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
+        try:
+            data = os.read(fd, STATUS_TAIL_BYTES)
+        except IsADirectoryError:
+            raise StatusFileError(path, "it is a directory, not a file") from None
+        except OSError as error:
+            check_regular(fd, local)  # a FIFO with a writer refuses a non-blocking read
+            raise _named(path, error) from error
+        if not data:
+            check_regular(fd, local)  # a FIFO reads empty at once: no status, or not a file?
+        return data
+    except NotRegularFileError as error:
+        raise _named(path, error) from None
     finally:
         os.close(fd)
+
+
+def _named(path: str, error: OSError) -> StatusFileError | StoreError:
+    """`error` from reading the status file `path`, as its readers raise it: a link, FIFO,
+    device or socket in its place is the step's problem (StatusFileError), anything else a
+    storage failure (StoreError), both naming the file."""
+    if isinstance(error, NotRegularFileError):
+        return StatusFileError(path, error.why)
+    return StoreError(f"cannot read {path}: {type(error).__name__}: {error}")
 
 
 def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None, bool]:
@@ -322,10 +351,38 @@ def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None
         return store.read_tail(path, limit)
     except IsADirectoryError:
         raise StatusFileError(path, "it is a directory, not a file") from None
+    except NotRegularFileError as error:
+        raise StatusFileError(path, error.why) from None
     except StoreError:
         raise  # already names the file
     except OSError as error:
         raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
+
+
+LEFTOVER_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]+-(?!\.executor)")
+"""The temporary name of an atomic write: `.tmp-<hex>-<final name>`, as `Store.write_atomic`
+(`_temp_name`) and `operations.shards.atomic_output` name them. The executor's own files
+(`.tmp-<hex>-.executor_status.lock`) are left out: the lease holder's heartbeat writes
+them while the step runs, and removing one would fail its rename."""
+
+
+def remove_leftover_temp_files(store: Store, output_path: str) -> int:
+    """Remove the temporary files of atomic writes that a failed or killed attempt left
+    anywhere under the step's output directory; returns how many.
+
+    A writer killed between creating its temporary file and renaming it leaves the file
+    behind, and a later attempt that succeeds would leave it in an output marked SUCCESS.
+    Call it while holding the step's lease, before the step's function starts: no writer
+    of this step is at work then. Only names matching LEFTOVER_TEMP_NAME go (checkpoints
+    and resume state stay); nothing behind a symbolic link is listed (local disk). Cheap
+    when there is nothing to remove: one listing of the directory tree.
+    """
+    removed = 0
+    for path in store.find_files(output_path):
+        if LEFTOVER_TEMP_NAME.match(path.rsplit("/", 1)[-1]):
+            store.delete(path)
+            removed += 1
+    return removed
 
 
 def append_status(
@@ -474,7 +531,10 @@ def read_info(store: Store, output_path: str) -> dict[str, Any] | None:
     Only explanations (why a hash changed, which unversioned fields differ) read it, so
     an unreadable one costs an explanation, never a run. Storage failures still raise.
     """
-    data = store.read_bytes(info_path(output_path))
+    try:
+        data = store.read_bytes(info_path(output_path))
+    except NotRegularFileError:  # a link or FIFO in its place: unreadable, as bad JSON is
+        return None
     if data is None:
         return None
     try:

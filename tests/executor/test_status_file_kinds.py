@@ -1,0 +1,188 @@
+"""A link, FIFO or other special file in place of a step's bookkeeping file, on local disk.
+
+The executor never reads or writes its own files (`.executor_status`, the lease
+`.executor_status.lock`, `.executor_info`) through a symbolic link, and never waits on a
+FIFO: such a status or lease file is planned as that step's error row, naming the file and
+the fix, and every unrelated step plans and runs as usual. A link is never written
+through, so nothing appears outside the prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from executor import Executor, ExecutorRunError, ExecutorStep, output_path_of, this_output_path, versioned
+from executor.plan import Action
+from executor.store import LocalStore, NotRegularFileError
+from executor.tree import StatusFileError, read_info, read_last_status, read_status, write_info
+from tests.executor.steps_for_tests import WriteConfig, write_value
+
+SUCCESS = b'{"date": "2026-01-01T00:01:00.000Z", "status": "SUCCESS"}\n'
+
+
+def step(name: str, value: int, inputs=()) -> ExecutorStep:
+    config = WriteConfig(
+        output_path=this_output_path(), value=versioned(value), inputs=list(inputs), key=name
+    )
+    return ExecutorStep(name, write_value, config)
+
+
+def make_special(path: Path, kind: str, outside: Path) -> None:
+    """Put a `kind` of special file at `path` (which must not exist)."""
+    if kind == "loop":
+        os.symlink(path.name, path)
+    elif kind == "dangling":
+        os.symlink(outside / "gone", path)
+    elif kind == "dangling-dir":
+        os.symlink(outside / "no-such-dir" / "file", path)
+    elif kind == "link-to-success":
+        (outside / "status").write_bytes(SUCCESS)
+        os.symlink(outside / "status", path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        raise AssertionError(kind)
+
+
+KINDS = ["loop", "dangling", "dangling-dir", "link-to-success", "fifo"]
+
+
+@contextlib.contextmanager
+def never_waits_on(fifo: Path, seconds: float = 10.0):
+    """Fail, instead of hanging, if the block waits on `fifo`: past `seconds` a thread keeps
+    opening and closing its write end, which lets a blocked reader go on."""
+    finished, rescued = threading.Event(), threading.Event()
+
+    def rescue():
+        if finished.wait(seconds):
+            return
+        rescued.set()
+        while not finished.wait(0.2):
+            with contextlib.suppress(OSError):  # ENXIO while no reader has it open
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    threading.Thread(target=rescue, daemon=True).start()
+    try:
+        yield
+    finally:
+        finished.set()
+    assert not rescued.is_set(), f"waited on the FIFO {fifo}"
+
+
+def watchdog(path: Path, kind: str):
+    return never_waits_on(path) if kind == "fifo" else contextlib.nullcontext()
+
+
+def bad_prefix(tmp_path: Path, file_name: str, kind: str):
+    """A prefix where `a` succeeded, then its `file_name` was replaced by a `kind` special file."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    prefix = tmp_path / "prefix"
+    a, unrelated = step("a", 1), step("unrelated", 2)
+    Executor(str(prefix), console=False).run([a])
+    a_path = Path(Executor(str(prefix), console=False).run([a], dry_run=True).rows[0].output_path)
+    target = a_path / file_name
+    target.unlink(missing_ok=True)
+    make_special(target, kind, outside)
+    return prefix, a, unrelated, target, outside
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_special_status_file_is_an_error_row_and_the_rest_plans(tmp_path, kind):
+    prefix, a, unrelated, target, outside = bad_prefix(tmp_path, ".executor_status", kind)
+    b = step("b", 3, inputs=[output_path_of(a)])
+    with watchdog(target, kind):
+        plan = Executor(str(prefix), console=False).run([b, unrelated], dry_run=True)
+    rows = {row.name: row for row in plan.rows}
+    assert rows["a"].action == Action.ERROR
+    assert rows["a"].reason.startswith(f"cannot read the status file {target}: it is ")
+    assert "not a regular file" in rows["a"].reason and "Delete it" in rows["a"].reason
+    assert rows["a"].status_error is not None
+    assert rows["b"].action == Action.BLOCKED
+    assert rows["unrelated"].action == Action.RUN
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_special_status_file_fails_its_step_alone_and_is_never_written_through(tmp_path, kind):
+    prefix, a, unrelated, target, outside = bad_prefix(tmp_path, ".executor_status", kind)
+    before = sorted(os.listdir(outside))
+    with watchdog(target, kind), pytest.raises(ExecutorRunError) as caught:
+        Executor(str(prefix), console=False).run([a, unrelated])
+    assert [failure.name for failure in caught.value.failures] == ["a"]
+    assert f"cannot read the status file {target}: it is " in str(caught.value)
+    assert "Delete it" in str(caught.value)
+    assert sorted(os.listdir(outside)) == before  # nothing created or changed out there
+    if kind == "link-to-success":
+        assert (outside / "status").read_bytes() == SUCCESS
+    rows = Executor(str(prefix), console=False).run([unrelated], dry_run=True).rows
+    assert [(row.name, row.action) for row in rows] == [("unrelated", Action.SKIP)]
+
+
+@pytest.mark.parametrize("kind", ["loop", "dangling", "fifo"])
+def test_a_special_lease_file_is_an_error_row_naming_it(tmp_path, kind):
+    prefix, a, unrelated, target, _ = bad_prefix(tmp_path, ".executor_status.lock", kind)
+    Path(target.parent, ".executor_status").unlink()  # not succeeded: its lease is read
+    with watchdog(target, kind):
+        plan = Executor(str(prefix), console=False).run([a, unrelated], dry_run=True)
+    rows = {row.name: row for row in plan.rows}
+    assert rows["a"].action == Action.ERROR
+    assert rows["a"].reason.startswith(f"cannot read the lease file {target}: it is ")
+    assert "Delete it" in rows["a"].reason
+    assert rows["a"].status_error is not None
+    assert rows["unrelated"].action == Action.RUN
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_status_readers_refuse_a_special_file(tmp_path, kind):
+    output = tmp_path / "step"
+    output.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    make_special(output / ".executor_status", kind, outside)
+    for read in (read_last_status, read_status):
+        with watchdog(output / ".executor_status", kind), pytest.raises(StatusFileError) as caught:
+            read(LocalStore(), str(output))
+        assert "not a regular file" in str(caught.value)
+
+
+def test_append_never_writes_through_a_dangling_link(tmp_path):
+    os.symlink(tmp_path / "elsewhere", tmp_path / "file")
+    with pytest.raises(NotRegularFileError, match="symbolic link"):
+        LocalStore().append_line(str(tmp_path / "file"), "line")
+    assert not os.path.lexists(tmp_path / "elsewhere")
+
+
+def test_append_never_writes_into_a_fifo(tmp_path):
+    os.mkfifo(tmp_path / "file")
+    with never_waits_on(tmp_path / "file"), pytest.raises(NotRegularFileError, match="FIFO"):
+        LocalStore().append_line(str(tmp_path / "file"), "line")
+
+
+def test_read_bytes_neither_follows_a_link_nor_waits_on_a_fifo(tmp_path):
+    (tmp_path / "real").write_bytes(b"secret")
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    os.mkfifo(tmp_path / "fifo")
+    store = LocalStore()
+    with pytest.raises(NotRegularFileError, match="symbolic link"):
+        store.read_bytes(str(tmp_path / "link"))
+    with never_waits_on(tmp_path / "fifo"), pytest.raises(NotRegularFileError, match="FIFO"):
+        store.read_bytes(str(tmp_path / "fifo"))
+    assert store.read_bytes(str(tmp_path / "real")) == b"secret"  # a regular file still reads
+
+
+def test_an_info_file_that_is_a_link_reads_as_missing_and_is_replaced_not_written_through(tmp_path):
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"name": "not this step"}')
+    output = tmp_path / "step"
+    output.mkdir()
+    os.symlink(elsewhere, output / ".executor_info")
+    assert read_info(LocalStore(), str(output)) is None
+    write_info(LocalStore(), {"output_path": str(output), "name": "step"})  # a rename: replaces the link
+    assert not os.path.islink(output / ".executor_info")
+    assert read_info(LocalStore(), str(output)) == {"output_path": str(output), "name": "step"}
+    assert elsewhere.read_text() == '{"name": "not this step"}'

@@ -1,0 +1,136 @@
+"""`remove_leftover_temp_files`: what a failed or killed attempt left half-written goes.
+
+An atomic write puts its bytes under `.tmp-<hex>-<name>` and renames the file when it is
+whole; a writer killed in between leaves the temporary file. Before a step's next attempt
+(holding its lease) the runner removes every such file under the step's output, at any
+depth, on local disk and on object stores, and nothing else: checkpoints, resume state
+and the executor's own files stay, and nothing behind a symbolic link is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from executor.store import open_store
+from executor.tree import remove_leftover_temp_files
+
+LEFTOVERS = [
+    ".tmp-0123456789abcdef0123456789abcdef-shard-00000.jsonl.gz",  # operations' atomic_output
+    ".tmp-5d3a9c1e07f2a41b3c000001-value.json",  # Store.write_atomic (salt, pid, counter)
+    "checkpoints/step-100/.tmp-ab12-model.safetensors",
+    "deep/er/still/.tmp-ff-x",
+]
+
+KEPT = [
+    "value.json",
+    "checkpoints/step-100/model.safetensors",
+    "checkpoints/step-100/.resume_state.json",
+    ".shard_stats/shard-00000.jsonl.gz.json",
+    ".tmpfile",  # no `.tmp-<hex>-` prefix
+    ".tmp-not-hex-name",
+    "tmp-0123-x",
+    ".tmp-0123-.executor_status.lock",  # the lease holder's heartbeat may be writing it now
+    ".executor_status",
+    ".executor_info",
+]
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def store_and_output(request, tmp_path):
+    """A step output directory on local disk, memory:// and a real S3 server (SeaweedFS)."""
+    if request.param == "local":
+        output = str(tmp_path / "step-0123abcd")
+    elif request.param == "memory":
+        output = f"memory://temp-files-{uuid.uuid4().hex}/step-0123abcd"
+    else:
+        request.getfixturevalue("s3_env")
+        output = request.getfixturevalue("s3_prefix") + "/step-0123abcd"
+    store = open_store(output)
+    yield store, output
+    store.delete_tree(output)
+
+
+def relative_files(store, output: str) -> list[str]:
+    return sorted(path[len(output) + 1 :] for path in store.find_files(output))
+
+
+def test_every_leftover_temp_file_goes_and_nothing_else(store_and_output):
+    store, output = store_and_output
+    for name in LEFTOVERS + KEPT:
+        store.write_atomic(f"{output}/{name}", b"x")
+    assert remove_leftover_temp_files(store, output) == len(LEFTOVERS)
+    assert relative_files(store, output) == sorted(KEPT)
+
+
+def test_nothing_to_remove_removes_nothing(store_and_output):
+    store, output = store_and_output
+    assert remove_leftover_temp_files(store, output) == 0  # no directory yet
+    for name in KEPT:
+        store.write_atomic(f"{output}/{name}", b"x")
+    assert remove_leftover_temp_files(store, output) == 0
+    assert relative_files(store, output) == sorted(KEPT)
+
+
+def test_a_sibling_output_with_the_same_stem_is_not_touched(store_and_output):
+    store, output = store_and_output
+    store.write_atomic(f"{output}/.tmp-ab-x", b"x")
+    store.write_atomic(f"{output}-other/.tmp-ab-x", b"x")
+    try:
+        assert remove_leftover_temp_files(store, output) == 1
+        assert store.read_bytes(f"{output}-other/.tmp-ab-x") == b"x"
+    finally:
+        store.delete_tree(f"{output}-other")
+
+
+def test_nothing_behind_a_symbolic_link_is_removed(tmp_path):
+    output, outside = tmp_path / "step", tmp_path / "outside"
+    (output / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / ".tmp-ab-shard").write_bytes(b"not ours")
+    os.symlink(outside, output / "linked")
+    os.symlink(outside / ".tmp-ab-shard", output / "sub" / ".tmp-cd-link")
+    store = open_store(str(output))
+    assert remove_leftover_temp_files(store, str(output)) == 1  # the link itself
+    assert not os.path.lexists(output / "sub" / ".tmp-cd-link")
+    assert (outside / ".tmp-ab-shard").read_bytes() == b"not ours"
+    assert os.path.islink(output / "linked")
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from executor.store import LocalStore
+    from operations.shards import atomic_output
+
+    output = sys.argv[1]
+    LocalStore().write_atomic(output + "/value.json", b"whole")
+    with atomic_output(output + "/part/shard-00000.jsonl") as handle:
+        handle.write(b"half a shard")
+        handle.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_the_temp_file_of_a_writer_killed_mid_write_goes(tmp_path):
+    output = tmp_path / "step"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(output)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == -signal.SIGKILL
+    leftovers = [name for name in os.listdir(output / "part") if name.startswith(".tmp-")]
+    assert len(leftovers) == 1  # what the killed attempt left
+    assert remove_leftover_temp_files(open_store(str(output)), str(output)) == 1
+    assert os.listdir(output / "part") == []
+    assert (output / "value.json").read_bytes() == b"whole"
