@@ -18,6 +18,22 @@ from executor.events import (
 from executor.tree import utc_now_iso
 
 
+def write_or_drop(stream: TextIO | None, text: str) -> bool:
+    """Write `text` to the console and flush; False, raising nothing, if the console is gone.
+
+    A console that went away (`script | head`, a closed terminal, a process started without
+    a stdout) is no reason to stop a run: its steps and statuses do not depend on it.
+    """
+    if stream is None:
+        return False
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):  # BrokenPipeError, EIO, or a closed file object
+        return False
+    return True
+
+
 class ConsoleProgress:
     """An event listener printing per-step status lines."""
 
@@ -31,14 +47,19 @@ class ConsoleProgress:
         self.done: set[str] = set()
         self.running: set[str] = set()
         self._lock = threading.Lock()  # events arrive from worker threads
+        self.closed = False
+        """Set when the console could not be written (`| head`, a closed terminal): nothing
+        more is printed."""
 
     def _print(self, text: str) -> None:
+        if self.closed:
+            return
         stream = self.stream or sys.__stdout__
         left = self.total - len(self.done) - len(self.running)
-        stream.write(
-            f"[{len(self.done)}/{self.total} done, {len(self.running)} running, {left} left] {text}\n"
-        )
-        stream.flush()
+        line = f"[{len(self.done)}/{self.total} done, {len(self.running)} running, {left} left] {text}\n"
+        # The listener runs in the step's worker thread: raising here would fail the step (or,
+        # before, kill the worker and hang the run) over progress lines nobody reads.
+        self.closed = not write_or_drop(stream, line)
 
     def __call__(self, event) -> None:
         with self._lock:

@@ -14,12 +14,15 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from executor.backends import Backend, backend_name, open_backend
-from executor.console import ConsoleProgress
+from executor.console import ConsoleProgress, write_or_drop
 from executor.events import planned_event
 from executor.graph import StepGraph, resolve
 from executor.lease import LeaseConfig, LeaseManager, new_worker_id
@@ -137,85 +140,87 @@ class Executor:
             if self.lease_config.heartbeat_process and self.store.protocol in KEEPER_PROTOCOLS
             else None,
         )
-        try:
-            with _cyclic_gc_paused():
-                plan = self.plan = make_plan(graph, steps, self.store, leases, run_only, force_run_failed)
-            for row in plan.rows:
-                self._emit(planned_event(row))
-            if self.console:
-                print(plan.format(), flush=True)
-            for row in plan.rows:
-                if row.unversioned_changes:
-                    logger.warning(
-                        "step %s: reusing %s, made with other unversioned settings: %s",
-                        row.name,
-                        row.output_path,
-                        "; ".join(row.unversioned_changes),
+        # SIGTERM (timeout, docker stop, Slurm, Kubernetes) ends the run as Ctrl-C does.
+        with _sigterm_interrupts():
+            try:
+                with _cyclic_gc_paused():
+                    plan = self.plan = make_plan(graph, steps, self.store, leases, run_only, force_run_failed)
+                for row in plan.rows:
+                    self._emit(planned_event(row))
+                if self.console:
+                    write_or_drop(sys.stdout, plan.format() + "\n")  # (a closed console stops no run)
+                for row in plan.rows:
+                    if row.unversioned_changes:
+                        logger.warning(
+                            "step %s: reusing %s, made with other unversioned settings: %s",
+                            row.name,
+                            row.output_path,
+                            "; ".join(row.unversioned_changes),
+                        )
+                if dry_run:
+                    return plan
+                # A step that failed before stops the whole run (without force_run_failed); one whose
+                # status file cannot be read fails alone in the runner, and the rest runs (issue 9).
+                errors = [row for row in plan.rows if row.action == Action.ERROR and row.status_error is None]
+                if errors:
+                    raise ValueError(
+                        "steps failed previously and force_run_failed is off:\n"
+                        + "\n".join(f"  - {row.name}: {row.reason}" for row in errors)
                     )
-            if dry_run:
-                return plan
-            # A step that failed before stops the whole run (without force_run_failed); one whose
-            # status file cannot be read fails alone in the runner, and the rest runs (issue 9).
-            errors = [row for row in plan.rows if row.action == Action.ERROR and row.status_error is None]
-            if errors:
-                raise ValueError(
-                    "steps failed previously and force_run_failed is off:\n"
-                    + "\n".join(f"  - {row.name}: {row.reason}" for row in errors)
-                )
-            will_run = any(row.action != Action.SKIP for row in plan.rows)
-            if will_run or not self.store.exists(self.executor_info_path):
-                # Something will be written (steps, or this run's manifest): fail now, naming the
-                # prefix, if it cannot be. A cached re-run with a manifest writes nothing.
-                self.store.check_writable(self.prefix)
-            listeners = [self._emit]
-            # A run with nothing to run needs no backend: the base one (the local backend's
-            # module alone costs a cached re-run ~10 ms of imports).
-            backend = self._open_backend() if will_run or isinstance(self.backend, Backend) else Backend()
-            if will_run:
-                backend.start()
-                leases.start()
-            runner = Runner(
-                plan,
-                self.store,
-                leases,
-                self._dispatch(listeners, plan),
-                max_concurrent,
-                backend,
-                self.max_retries,
-            )
-            runner_ref.append(runner)
-            # Provenance (git, packages) is gathered only when a manifest is written: a fully
-            # cached re-run of an experiment that has one finishes without spawning git.
-            info: dict[str, Any] = {}
-            if will_run:  # record in-progress runs too
-                info = collect_provenance(script)
-                write_experiment_info(
-                    self.store, self.executor_info_path, graph, info, self.description, started
-                )
-                runner.run_record = {
-                    "experiment": self.executor_info_path,
-                    "script": script,
-                    "cwd": info["cwd"],
-                    "git": info["git"],
-                    "python": info["python"],
-                }
-            summary = runner.run()
-            outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
-            nothing_ran = all(outcome == Outcome.SKIPPED for outcome in summary.outcomes.values())
-            if not (nothing_ran and self.store.exists(self.executor_info_path)):
-                write_experiment_info(
+                will_run = any(row.action != Action.SKIP for row in plan.rows)
+                if will_run or not self.store.exists(self.executor_info_path):
+                    # Something will be written (steps, or this run's manifest): fail now, naming the
+                    # prefix, if it cannot be. A cached re-run with a manifest writes nothing.
+                    self.store.check_writable(self.prefix)
+                listeners = [self._emit]
+                # A run with nothing to run needs no backend: the base one (the local backend's
+                # module alone costs a cached re-run ~10 ms of imports).
+                backend = self._open_backend() if will_run or isinstance(self.backend, Backend) else Backend()
+                if will_run:
+                    backend.start()
+                    leases.start()
+                runner = Runner(
+                    plan,
                     self.store,
-                    self.executor_info_path,
-                    graph,
-                    info or collect_provenance(script),
-                    self.description,
-                    started,
-                    outcomes,
+                    leases,
+                    self._dispatch(listeners, plan),
+                    max_concurrent,
+                    backend,
+                    self.max_retries,
                 )
-        finally:
-            if backend is not None and backend is not self.backend:
-                backend.close()
-            leases.close()
+                runner_ref.append(runner)
+                # Provenance (git, packages) is gathered only when a manifest is written: a fully
+                # cached re-run of an experiment that has one finishes without spawning git.
+                info: dict[str, Any] = {}
+                if will_run:  # record in-progress runs too
+                    info = collect_provenance(script)
+                    write_experiment_info(
+                        self.store, self.executor_info_path, graph, info, self.description, started
+                    )
+                    runner.run_record = {
+                        "experiment": self.executor_info_path,
+                        "script": script,
+                        "cwd": info["cwd"],
+                        "git": info["git"],
+                        "python": info["python"],
+                    }
+                summary = runner.run()
+                outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
+                nothing_ran = all(outcome == Outcome.SKIPPED for outcome in summary.outcomes.values())
+                if not (nothing_ran and self.store.exists(self.executor_info_path)):
+                    write_experiment_info(
+                        self.store,
+                        self.executor_info_path,
+                        graph,
+                        info or collect_provenance(script),
+                        self.description,
+                        started,
+                        outcomes,
+                    )
+            finally:
+                if backend is not None and backend is not self.backend:
+                    backend.close()
+                leases.close()
         if summary.failures:
             raise ExecutorRunError(summary.failures)
         return plan
@@ -233,7 +238,10 @@ class Executor:
 
         def emit(event: Any) -> None:
             for listener in listeners:
-                listener(event)
+                try:
+                    listener(event)
+                except Exception:  # one listener failing must not keep the event from the others
+                    logger.exception("event listener %r failed on %r", listener, event)
 
         return emit
 
@@ -264,6 +272,45 @@ def _declared_steps(steps: Sequence[ExecutorStep | InputName]) -> list[ExecutorS
 KEEPER_PROTOCOLS = ("file", "s3", "s3a", "gs", "gcs")
 """Trees whose leases the keeper process can open by itself (from the environment's settings);
 `memory://` lives in this process only, and a filesystem registered at run time exists here only."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while `Executor.run` ran.
+
+    A KeyboardInterrupt, so that it takes Ctrl-C's path: the runner marks its running steps
+    FAILED "interrupted", stops heavy steps' processes and releases their leases, and
+    `executor_main` ends with `error: interrupted` (exit 130). Left to the default action,
+    SIGTERM killed the driver at once, leaving steps RUNNING and leases that the next run
+    had to wait out.
+    """
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    # A second SIGTERM (Slurm signals every process; a user may send it twice) must not cut
+    # the first one's cleanup short: ignored until the run restores the previous handler.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated(f"signal {signum} (SIGTERM)")
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises `Terminated` in the main thread for the duration of the block.
+
+    Only where Python may install handlers (the main thread) and only over the default
+    action: a handler the program installed itself is its own business and is left alone.
+    The previous handler is back when the block ends.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ info or lease that a reader would take for a whole one.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import queue
@@ -153,7 +154,7 @@ class Runner:
         self.plan = plan
         self.store = store
         self.leases = leases
-        self.emit = emit
+        self.emit = _never_raising(emit)
         self.max_concurrent = max_concurrent or DEFAULT_MAX_CONCURRENT
         self.backend = backend or Backend()
         if max_retries < 0:
@@ -340,7 +341,11 @@ class Runner:
     def _worker_loop(self, row: PlannedStep | None) -> None:
         while row is not None:
             threading.current_thread().name = f"step:{row.name}"
-            result = self._worker(row)
+            try:
+                result = self._worker(row)
+            except BaseException as error:  # (an exception whose str() raises): report all the same
+                result = (Outcome.FAILED, f"executor error: {type(error).__name__}")
+            # Whatever happened, a report goes back: the main thread waits for it.
             threading.current_thread().name = "step:(idle)"
             with self._pool_lock:
                 self._idle += 1  # before reporting: the main thread may dispatch at once
@@ -348,20 +353,27 @@ class Runner:
             row = self._work.get()
 
     def _worker(self, row: PlannedStep) -> tuple[Outcome, str]:
+        """The step's outcome, whatever goes wrong: a worker that raised instead would never
+        report, and the main thread would wait for it forever with the step left RUNNING."""
         try:
-            result = self._acquire_and_run(row)
+            return self._acquire_and_run(row)
         except BaseException as error:  # a bug or a storage error outside the step function
-            # One line on the console (the run ends with an `error:` line naming the step); the
-            # traceback is the executor's, not the step's, so it goes to DEBUG.
-            logger.error("executor error while running %s: %s: %s", row.name, type(error).__name__, error)
-            logger.debug("traceback of the executor error in %s", row.name, exc_info=True)
-            try:
-                self.leases.release(row.output_path)
-            except Exception as release_error:  # storage still failing: the lease times out by itself
-                logger.error("could not release the lease on %s: %s", row.output_path, release_error)
             result = (Outcome.FAILED, f"executor error: {type(error).__name__}: {error}")
-            self.emit(StepFailed(row.name, row.output_path, kind="error", error=result[1]))
-        return result
+            # Even if logging the error fails (a closed stderr), the report still goes back.
+            with contextlib.suppress(BaseException):
+                self._report_executor_error(row, error, result[1])
+            return result
+
+    def _report_executor_error(self, row: PlannedStep, error: BaseException, message: str) -> None:
+        # One line on the console (the run ends with an `error:` line naming the step); the
+        # traceback is the executor's, not the step's, so it goes to DEBUG.
+        logger.error("executor error while running %s: %s: %s", row.name, type(error).__name__, error)
+        logger.debug("traceback of the executor error in %s", row.name, exc_info=True)
+        try:
+            self.leases.release(row.output_path)
+        except Exception as release_error:  # storage still failing: the lease times out by itself
+            logger.error("could not release the lease on %s: %s", row.output_path, release_error)
+        self.emit(StepFailed(row.name, row.output_path, kind="error", error=message))
 
     def _acquire_and_run(self, row: PlannedStep) -> tuple[Outcome, str]:
         path = row.output_path
@@ -563,6 +575,23 @@ class Runner:
                 return Outcome.FAILED, why
             logger.warning("step %s: %s; submitting it again (attempt %d)", row.name, error, attempt + 1)
             attempt += 1
+
+
+def _never_raising(emit: Callable[[Any], None]) -> Callable[[Any], None]:
+    """`emit`, with a listener's error logged instead of raised.
+
+    Events are emitted from worker threads in the middle of a step's bookkeeping: a listener
+    that raises there (the console on a closed pipe, a user's callback) must not fail the
+    step after its status is written, nor stop the worker before it reports back.
+    """
+
+    def guarded(event: Any) -> None:
+        try:
+            emit(event)
+        except Exception:
+            logger.exception("an event listener failed on %r", event)
+
+    return guarded
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")

@@ -1,0 +1,257 @@
+"""A closed console, a failing event listener and SIGTERM: the run still ends, with its
+statuses written and its leases released (run as a user would, in a subprocess, where the
+failure was a hang or a killed driver)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from executor import Executor, ExecutorStep, this_output_path, versioned
+from executor.console import ConsoleProgress
+from executor.events import StepFailed, StepStarted, StepSucceeded
+from executor.runner import ExecutorRunError
+from executor.tree import Status, lease_path, read_status
+from tests.executor.steps_for_tests import WriteConfig, write_value
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, time
+    from dataclasses import dataclass
+    from executor import ExecutorStep, executor_main, this_output_path, versioned
+
+    @dataclass(frozen=True)
+    class Config:
+        name: str
+        output_path: str
+
+    def sleeps(config: Config) -> None:  # prints nothing: only the executor writes to stdout
+        time.sleep(float(os.environ["STEP_SLEEP"]))
+
+    if __name__ == "__main__":
+        steps = [
+            ExecutorStep(name=f"s/{name}", fn=sleeps, config=Config(versioned(name), this_output_path()))
+            for name in ("a", "b")
+        ]
+        executor_main(steps=steps)
+    """
+)
+
+
+def write_step(name: str, fn=write_value) -> ExecutorStep:
+    return ExecutorStep(
+        name=name, fn=fn, config=WriteConfig(output_path=this_output_path(), value=versioned(name), key=name)
+    )
+
+
+def start_script(tmp_path, step_sleep: float, **popen) -> subprocess.Popen:
+    script = tmp_path / "experiment.py"
+    script.write_text(SCRIPT)
+    env = {key: value for key, value in os.environ.items() if key != "MARIN_PREFIX"}
+    env.pop("PYTHONUNBUFFERED", None)  # stdout block-buffered, as when piped to `head`
+    env.update(PYTHONPATH=REPO, STEP_SLEEP=str(step_sleep))
+    command = [sys.executable, str(script), "--prefix", str(tmp_path / "out")]
+    return subprocess.Popen(command, cwd=tmp_path, env=env, **popen)
+
+
+def step_dirs(tmp_path) -> list[str]:
+    base = tmp_path / "out" / "s"
+    return sorted(str(base / name) for name in os.listdir(base)) if base.is_dir() else []
+
+
+def last_status(path: str) -> dict | None:
+    try:
+        with open(os.path.join(path, ".executor_status")) as handle:
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        return None
+    return json.loads(lines[-1]) if lines else None
+
+
+def wait_for_exit(process: subprocess.Popen, seconds: float) -> int:
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        pytest.fail(f"the driver was still running after {seconds:.0f} s (hung)")
+
+
+def test_a_console_closed_mid_run_does_not_hang_the_run(tmp_path):
+    # `script | head -1`: the reader goes away after the first line of the plan; the steps'
+    # progress lines then meet a broken pipe in the worker threads.
+    process = start_script(tmp_path, step_sleep=1.0, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert process.stdout.readline().startswith(b"Plan:")
+    process.stdout.close()
+    wait_for_exit(process, 60)
+    dirs = step_dirs(tmp_path)
+    assert len(dirs) == 2
+    for path in dirs:
+        assert last_status(path)["status"] == "SUCCESS", path
+        assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
+
+
+def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path):
+    process = start_script(tmp_path, step_sleep=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not [p for p in step_dirs(tmp_path) if (last_status(p) or {}).get("status") == "RUNNING"]:
+            assert time.monotonic() < deadline, "the steps never started"
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, (out, err)
+    assert err.decode().strip().splitlines()[-1] == "error: interrupted"
+    for path in step_dirs(tmp_path):
+        assert last_status(path)["status"] == "FAILED"
+        assert last_status(path)["message"] == "interrupted"
+        assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
+
+
+def test_a_sigterm_handler_of_the_program_is_left_alone(tmp_path):
+    seen = []
+
+    def mine(signum, frame):
+        pass
+
+    def records_the_handler(config: WriteConfig) -> None:
+        seen.append(signal.getsignal(signal.SIGTERM))
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        Executor(str(tmp_path), console=False).run([write_step("a", fn=records_the_handler)])
+        assert seen == [mine]
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_default_sigterm_action_is_back_after_the_run(tmp_path):
+    seen = []
+
+    def records_the_handler(config: WriteConfig) -> None:
+        seen.append(signal.getsignal(signal.SIGTERM))
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        Executor(str(tmp_path), console=False).run([write_step("a", fn=records_the_handler)])
+        assert seen and seen[0] not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _RaisingStream:
+    def __init__(self):
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_the_console_stops_printing_once_its_stream_is_broken():
+    stream = _RaisingStream()
+    console = ConsoleProgress(total=1, stream=stream)
+    console(StepStarted("a", "/p/a", log_path="/p/a/.executor_log"))
+    console(StepSucceeded("a", "/p/a", duration=1.0))
+    assert console.closed
+    assert stream.writes == 1
+    assert console.done == {"/p/a"}
+
+
+def run_in_thread(run, steps, seconds: float = 60):
+    """`run.run(steps)` in a thread: a hang fails the test instead of blocking it."""
+    outcome: list = []
+
+    def target() -> None:
+        try:
+            outcome.append(run.run(steps))
+        except BaseException as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"the run was still waiting after {seconds:.0f} s (hung)"
+    return outcome[0]
+
+
+def raising_in_workers(error: BaseException):
+    def emit(event) -> None:
+        if threading.current_thread() is not threading.main_thread() and isinstance(
+            event, (StepStarted, StepSucceeded, StepFailed)
+        ):
+            raise error
+
+    return emit
+
+
+def test_a_listener_raising_in_a_worker_thread_loses_no_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(Executor, "_dispatch", lambda self, listeners, plan: raising_in_workers(OSError(5)))
+    run = Executor(str(tmp_path), console=False)
+    result = run_in_thread(run, [write_step("a"), write_step("b")])
+    assert not isinstance(result, BaseException), result
+    for path in run.output_paths.values():
+        assert [entry.status for entry in read_status(run.store, path)] == [Status.RUNNING, Status.SUCCESS]
+        assert run.store.read_bytes(lease_path(path)) is None
+
+
+def test_a_worker_whose_error_report_fails_still_reports_back(tmp_path, monkeypatch):
+    # SystemExit is no Exception: it passes the listener guard and unwinds the worker itself.
+    monkeypatch.setattr(
+        Executor, "_dispatch", lambda self, listeners, plan: raising_in_workers(SystemExit(3))
+    )
+    run = Executor(str(tmp_path), console=False)
+    result = run_in_thread(run, [write_step("a")])
+    assert isinstance(result, ExecutorRunError), result
+    assert "executor error: SystemExit" in str(result)
+    path = run.output_paths[run.steps[0]]
+    assert run.store.read_bytes(lease_path(path)) is None
+
+
+def test_a_keyboard_interrupt_raised_by_a_step_fails_that_step_only(tmp_path):
+    # Only the driver's main thread receives Ctrl-C (and SIGTERM): a KeyboardInterrupt in a step
+    # is the step's own exception, a failure like SystemExit (as in a heavy step's process).
+    def interrupts(config: WriteConfig) -> None:
+        raise KeyboardInterrupt
+
+    run = Executor(str(tmp_path), console=False)
+    with pytest.raises(ExecutorRunError) as raised:
+        run.run([write_step("a", fn=interrupts), write_step("b")])
+    assert [failure.name for failure in raised.value.failures] == ["a"]
+    statuses = {step.name: read_status(run.store, run.output_paths[step])[-1] for step in run.steps}
+    assert statuses["a"].status == Status.FAILED
+    assert statuses["a"].message.startswith("KeyboardInterrupt")
+    assert statuses["b"].status == Status.SUCCESS
+
+
+class _Unprintable(SystemExit):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_a_worker_reports_back_even_when_its_error_cannot_be_described(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        Executor, "_dispatch", lambda self, listeners, plan: raising_in_workers(_Unprintable())
+    )
+    run = Executor(str(tmp_path), console=False)
+    result = run_in_thread(run, [write_step("a")])
+    assert isinstance(result, ExecutorRunError), result
+    assert "[failed] executor error: " in str(result)
