@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 from collections.abc import Collection
@@ -32,6 +34,21 @@ def write_or_drop(stream: TextIO | None, text: str) -> bool:
     except (OSError, ValueError):  # BrokenPipeError, EIO, or a closed file object
         return False
     return True
+
+
+def settle_stdout() -> None:
+    """Flush stdout; if the reader went away, point it at /dev/null.
+
+    Otherwise the interpreter's own flush at exit fails on what is still buffered, prints
+    "Exception ignored ... BrokenPipeError" and exits with status 120 instead of the run's.
+    """
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
 
 
 class ConsoleProgress:

@@ -24,7 +24,7 @@ from typing import Any
 from executor.backends import Backend, backend_name, open_backend
 from executor.console import ConsoleProgress, write_or_drop
 from executor.events import planned_event
-from executor.graph import StepGraph, resolve
+from executor.graph import StepGraph, resolve, storage_of
 from executor.lease import LeaseConfig, LeaseManager, new_worker_id
 from executor.plan import Action, Plan, make_plan
 from executor.provenance import (
@@ -69,6 +69,12 @@ class Executor:
         self.executor_info_base_path = normalize_prefix(
             executor_info_base_path or f"{self.prefix}/experiments"
         )
+        if storage_of(self.executor_info_base_path) != storage_of(self.prefix):
+            # Manifests are written with the prefix's store: foo://y became a local "foo:" directory.
+            raise ValueError(
+                f"Executor: executor_info_base_path {executor_info_base_path!r} is on "
+                f"{storage_of(self.executor_info_base_path)}://, not on the prefix's storage ({self.prefix})"
+            )
         self.description = description
         self.lease_config = lease_config or LeaseConfig()
         self.listeners = list(listeners)

@@ -43,17 +43,24 @@ class _TeeStream:
 
     def write(self, text: str) -> int:
         sink = _sinks.get(threading.get_ident())
-        if sink is not None:
-            with contextlib.suppress(ValueError):
-                sink.write(text)
-        return self._original.write(text)
+        if sink is None:
+            return self._original.write(text)
+        with contextlib.suppress(ValueError):
+            sink.write(text)
+        # A step's output is in its log: a console that went away (`| head`) must not fail it.
+        with contextlib.suppress(OSError, ValueError):
+            self._original.write(text)
+        return len(text)
 
     def flush(self) -> None:
         sink = _sinks.get(threading.get_ident())
-        if sink is not None:
-            with contextlib.suppress(ValueError):
-                sink.flush()
-        self._original.flush()
+        if sink is None:
+            self._original.flush()
+            return
+        with contextlib.suppress(ValueError):
+            sink.flush()
+        with contextlib.suppress(OSError, ValueError):
+            self._original.flush()
 
     def __getattr__(self, name):
         return getattr(self._original, name)

@@ -40,6 +40,7 @@ import os
 import sys
 from typing import Optional
 
+from executor.console import settle_stdout, write_or_drop
 from executor.executor import Executor
 from executor.graph import storage_of
 from executor.lease import LeaseConfig
@@ -158,7 +159,9 @@ def executor_main(steps: list[ExecutorStep | InputName], description: Optional[s
     except OSError as error:  # StoreError: no filesystem for the prefix's scheme
         _exit(str(error), EXIT_USAGE)
     if config.prefix is None and "MARIN_PREFIX" not in os.environ:
-        print(f"No --prefix and no $MARIN_PREFIX: writing under {os.path.abspath(prefix)}", flush=True)
+        write_or_drop(
+            sys.stdout, f"No --prefix and no $MARIN_PREFIX: writing under {os.path.abspath(prefix)}\n"
+        )
     try:
         executor.run(
             steps,
@@ -176,7 +179,8 @@ def executor_main(steps: list[ExecutorStep | InputName], description: Optional[s
     except KeyboardInterrupt:
         _exit("interrupted", EXIT_INTERRUPTED)
     if not config.dry_run and executor.executor_info_path:
-        print(f"Experiment manifest: {executor.executor_info_path}", flush=True)
+        write_or_drop(sys.stdout, f"Experiment manifest: {executor.executor_info_path}\n")
+    settle_stdout()
     return executor
 
 
@@ -199,6 +203,7 @@ sys.excepthook = _one_line_step_errors
 
 
 def _exit(message: str, code: int):
+    settle_stdout()  # a closed stdout (`| head`) must not turn this exit status into 120
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 

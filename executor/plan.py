@@ -218,13 +218,14 @@ RUN_ONLY_NAMES_SHOWN = 20
 
 
 def run_only_warning(unused: Sequence[str], graph: StepGraph) -> str:
-    """`run_only pattern(s) 'x' match no step; the steps are: a, b, ...` (names sorted, capped)."""
+    """`run_only pattern 'x' matches no step; the steps are: a, b, ...` (names sorted, capped)."""
     names = sorted({s.name for s in graph.steps})
     shown = ", ".join(names[:RUN_ONLY_NAMES_SHOWN])
     if len(names) > RUN_ONLY_NAMES_SHOWN:
         shown += f", ... ({len(names) - RUN_ONLY_NAMES_SHOWN} more)"
     quoted = ", ".join(repr(pattern) for pattern in unused)
-    return f"run_only pattern{'s' if len(unused) > 1 else ''} {quoted} match no step; the steps are: {shown}"
+    many = len(unused) > 1
+    return f"run_only pattern{'s' if many else ''} {quoted} match{'' if many else 'es'} no step; the steps are: {shown}"
 
 
 def select_steps(

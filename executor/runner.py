@@ -79,7 +79,15 @@ from executor.logs import capture_step_log, streams_wrapped
 from executor.mirror import MirrorError
 from executor.plan import Action, Plan, PlannedStep
 from executor.store import Store
-from executor.tree import Status, append_status, log_path, read_last_status, step_info_record, write_info
+from executor.tree import (
+    Status,
+    append_status,
+    log_path,
+    read_last_status,
+    remove_leftover_temp_files,
+    step_info_record,
+    write_info,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -412,6 +420,8 @@ class Runner:
                     self.leases.release(path)
                     self.emit(StepSkipped(row.name, path, reason="finished by another driver"))
                     return Outcome.SKIPPED, "finished by another driver"
+                if last is not None:  # an earlier attempt ran here (FAILED, or RUNNING and died)
+                    self._remove_leftovers(row)
                 return self._run_holding_lease(row)
             holder = attempt.holder
             if holder is not None and holder.worker != announced:
@@ -423,6 +433,13 @@ class Runner:
                 follower.poll()  # show what the step running elsewhere writes to its log
             self._stop.wait(self.leases.config.poll_interval)
         return Outcome.INTERRUPTED, "interrupted"
+
+    def _remove_leftovers(self, row: PlannedStep) -> None:
+        """Remove the temporary files an earlier attempt's unfinished atomic writes left in the
+        output, so that an output marked SUCCESS never holds one (`remove_leftover_temp_files`)."""
+        removed = remove_leftover_temp_files(self.store, row.output_path)
+        if removed:
+            logger.info("step %s: removed %d temporary file(s) an earlier attempt left", row.name, removed)
 
     def _run_holding_lease(self, row: PlannedStep) -> tuple[Outcome, str]:
         step, path, worker = row.step, row.output_path, self.leases.worker_id
@@ -516,6 +533,8 @@ class Runner:
         attempt = 1
         while True:
             message = None if attempt == 1 else f"attempt {attempt} of {self.max_retries + 1}"
+            if attempt > 1:  # the lost attempt may have been killed in the middle of a write
+                self._remove_leftovers(row)
             append_status(self.store, path, Status.RUNNING, message, worker)
             handed = self.leases.hand_over(path)
             if handed is None:

@@ -183,7 +183,7 @@ def test_run_only_matching_no_step_is_a_warning_and_runs_nothing(tmp_path):
     result = run_study(tmp_path, "--prefix", str(prefix), "--run_only", "nothing.*")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "error: " not in result.stderr
-    assert "run_only pattern 'nothing.*' match no step; the steps are: a, b, c" in result.stderr
+    assert "run_only pattern 'nothing.*' matches no step; the steps are: a, b, c" in result.stderr
     assert not any(p.name.startswith(("a-", "b-", "c-")) for p in prefix.rglob("*"))
 
 

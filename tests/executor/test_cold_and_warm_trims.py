@@ -186,15 +186,28 @@ def test_a_keeper_killed_between_messages_is_replaced_and_the_lease_still_kept(t
     assert not os.path.exists(lease_path(output)) and os.path.exists(status_path(output))
 
 
-def test_the_local_status_reader_names_the_file_on_other_storage_errors(tmp_path):
-    """An unreadable status file (here a symlink loop: ELOOP) is a StoreError naming it, as
-    the general reader says -- never a bare OSError."""
+def test_the_local_status_reader_names_the_file_it_refuses_or_cannot_read(tmp_path, monkeypatch):
+    """A link in the status file's place (here a loop) is refused as a status file error naming
+    it; a read that fails (EIO) is a StoreError naming it, as the general reader says -- never
+    a bare OSError."""
+    import errno
+
     from executor.store import StoreError
+    from executor.tree import StatusFileError
 
     output = tmp_path / "step"
     output.mkdir()
     os.symlink(".executor_status", output / ".executor_status")
-    with pytest.raises(StoreError, match=r"cannot read .*step/\.executor_status"):
+    with pytest.raises(StatusFileError, match=r"step/\.executor_status.*symbolic link"):
+        read_last_status_local(LocalStore(), str(output))
+    os.remove(output / ".executor_status")
+    (output / ".executor_status").write_text('{"date": "", "status": "SUCCESS"}\n')
+
+    def failing_read(fd, size):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "read", failing_read)
+    with pytest.raises(StoreError, match=r"cannot read .*step/\.executor_status.*Input/output error"):
         read_last_status_local(LocalStore(), str(output))
 
 

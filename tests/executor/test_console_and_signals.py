@@ -33,8 +33,9 @@ SCRIPT = textwrap.dedent(
         name: str
         output_path: str
 
-    def sleeps(config: Config) -> None:  # prints nothing: only the executor writes to stdout
+    def sleeps(config: Config) -> None:
         time.sleep(float(os.environ["STEP_SLEEP"]))
+        print("the step prints", flush=True)  # to its log and to the console, which may be gone
 
     if __name__ == "__main__":
         steps = [
@@ -88,15 +89,21 @@ def wait_for_exit(process: subprocess.Popen, seconds: float) -> int:
 def test_a_console_closed_mid_run_does_not_hang_the_run(tmp_path):
     # `script | head -1`: the reader goes away after the first line of the plan; the steps'
     # progress lines then meet a broken pipe in the worker threads.
-    process = start_script(tmp_path, step_sleep=1.0, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    process = start_script(tmp_path, step_sleep=1.0, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout.readline().startswith(b"Plan:")
     process.stdout.close()
-    wait_for_exit(process, 60)
+    # The run ends as it would with a console: exit 0, no error (stderr is read as it comes,
+    # so the driver never blocks on it).
+    err = process.stderr.read().decode()
+    assert wait_for_exit(process, 60) == 0, err
+    assert "error:" not in err and "Traceback" not in err, err
     dirs = step_dirs(tmp_path)
     assert len(dirs) == 2
     for path in dirs:
         assert last_status(path)["status"] == "SUCCESS", path
         assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
+        with open(os.path.join(path, ".executor_log")) as handle:
+            assert "the step prints" in handle.read()  # what the console missed is in the log
 
 
 def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path):

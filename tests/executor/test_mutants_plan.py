@@ -260,7 +260,7 @@ def test_run_only_warns_only_about_the_pattern_that_matched_nothing(tmp_path, ca
         rows = dry_run(str(tmp_path), [a, b], run_only=["^train", "nothing"]).rows
     assert [r.name for r in rows] == ["train/a"]
     assert [r.getMessage() for r in caplog.records] == [
-        "run_only pattern 'nothing' match no step; the steps are: data/a, train/a"
+        "run_only pattern 'nothing' matches no step; the steps are: data/a, train/a"
     ]
 
 

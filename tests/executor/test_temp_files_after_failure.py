@@ -15,12 +15,14 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from executor.store import open_store
-from executor.tree import remove_leftover_temp_files
+from executor import Executor, ExecutorRunError, ExecutorStep, this_output_path
+from executor.store import LocalStore, open_store
+from executor.tree import Status, read_last_status, remove_leftover_temp_files
 
 LEFTOVERS = [
     ".tmp-0123456789abcdef0123456789abcdef-shard-00000.jsonl.gz",  # operations' atomic_output
@@ -134,3 +136,62 @@ def test_the_temp_file_of_a_writer_killed_mid_write_goes(tmp_path):
     assert remove_leftover_temp_files(open_store(str(output)), str(output)) == 1
     assert os.listdir(output / "part") == []
     assert (output / "value.json").read_bytes() == b"whole"
+
+
+# -- the runner calls it: an output marked SUCCESS holds no earlier attempt's temp file ---------
+ATTEMPTS: list[str] = []
+
+
+@dataclass(frozen=True)
+class LeftoverConfig:
+    output_path: str
+
+
+def fail_once_leaving_a_temp_file(config: LeftoverConfig) -> None:
+    """First call: a half-written atomic write is left behind and the step fails. Then: it works."""
+    os.makedirs(os.path.join(config.output_path, "checkpoints"), exist_ok=True)
+    ATTEMPTS.append("seen")
+    if len(ATTEMPTS) == 1:
+        with open(os.path.join(config.output_path, "checkpoints", "step-1.ckpt"), "w") as handle:
+            handle.write("resume from here")
+        with open(os.path.join(config.output_path, ".tmp-0123abcd-result.json"), "w") as handle:
+            handle.write('{"half": ')
+        raise RuntimeError("killed in the middle of a write")
+    with open(os.path.join(config.output_path, "result.json"), "w") as handle:
+        handle.write('{"whole": true}')
+
+
+def test_a_retried_step_marked_success_holds_no_temp_file_of_the_failed_attempt(tmp_path):
+    ATTEMPTS.clear()
+    step = ExecutorStep(
+        name="leftover", fn=fail_once_leaving_a_temp_file, config=LeftoverConfig(this_output_path())
+    )
+    prefix = str(tmp_path / "prefix")
+    with pytest.raises(ExecutorRunError):
+        Executor(prefix, console=False).run([step])
+    output = Executor(prefix, console=False).run([step]).rows[0].output_path
+
+    assert read_last_status(LocalStore(), output).status == Status.SUCCESS
+    names = sorted(
+        os.path.relpath(os.path.join(root, name), output)
+        for root, _, files in os.walk(output)
+        for name in files
+    )
+    assert ".tmp-0123abcd-result.json" not in names
+    assert "checkpoints/step-1.ckpt" in names and "result.json" in names  # resume state stays
+    assert len(ATTEMPTS) == 2
+
+
+def test_a_first_attempt_lists_nothing(tmp_path, monkeypatch):
+    """A cold step (no earlier attempt) pays no listing of its output."""
+    import executor.runner
+
+    calls = []
+    monkeypatch.setattr(executor.runner, "remove_leftover_temp_files", lambda *args: calls.append(args) or 0)
+    ATTEMPTS.clear()
+    ATTEMPTS.append("pretend the first attempt was made")  # the step succeeds at once
+    step = ExecutorStep(
+        name="cold", fn=fail_once_leaving_a_temp_file, config=LeftoverConfig(this_output_path())
+    )
+    Executor(str(tmp_path / "prefix"), console=False).run([step])
+    assert calls == []

@@ -477,7 +477,10 @@ def test_override_output_path_relative_is_under_the_prefix_absolute_is_kept(capl
     with caplog.at_level(logging.WARNING):
         assert resolved(relative, "/p").output_path == "/p/custom/place"
         assert resolved(absolute, "/p").output_path == "/abs/place"
-        assert resolved(url, "/p").output_path == "gs://bucket/place"
+        assert resolved(url, "gs://other/p").output_path == "gs://bucket/place"
+    # On another storage than the prefix it is refused: every write goes through the prefix's.
+    with pytest.raises(StepDefinitionError, match="is on gs://, not on the prefix's storage"):
+        resolved(url, "/p")
     # The override does not change the version.
     assert resolved(relative).version_hash == version_of()
 
