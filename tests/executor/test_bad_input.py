@@ -341,7 +341,9 @@ def test_run_only_matching_no_step_warns_and_runs_nothing(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="executor.plan"):
         plan = Executor(prefix, console=False).run([step("alpha"), step("beta")], run_only=["gamma"])
     assert list(plan.rows) == [] and not os.path.exists(os.path.join(prefix, "alpha"))
-    assert any("'gamma' matches no step; the steps are: alpha, beta" in r.getMessage() for r in caplog.records)
+    assert any(
+        "'gamma' matches no step; the steps are: alpha, beta" in r.getMessage() for r in caplog.records
+    )
 
 
 @pytest.mark.parametrize("max_concurrent", [0, -1])
@@ -474,7 +476,9 @@ def test_an_override_output_path_on_the_prefix_storage_is_accepted(tmp_path):
 
 
 def test_an_executor_with_manifests_on_another_storage_is_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"executor_info_base_path 'foo://y' is on foo://, not on the prefix"):
+    with pytest.raises(
+        ValueError, match=r"executor_info_base_path 'foo://y' is on foo://, not on the prefix"
+    ):
         Executor(str(prefix_of(tmp_path)), "foo://y", console=False)
     assert not (Path.cwd() / "foo:").exists()
     Executor(str(prefix_of(tmp_path)), str(tmp_path / "manifests"), console=False)  # same storage: fine
