@@ -42,6 +42,8 @@ def settle_stdout() -> None:
     Otherwise the interpreter's own flush at exit fails on what is still buffered, prints
     "Exception ignored ... BrokenPipeError" and exits with status 120 instead of the run's.
     """
+    if sys.stdout is None:  # started without one (`>&-`): nothing to flush
+        return
     try:
         sys.stdout.flush()
     except (OSError, ValueError):

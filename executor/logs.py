@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterator
 from typing import IO
 
+from executor.console import write_or_drop
 from executor.store import Store
 from executor.tree import log_path
 
@@ -43,6 +44,11 @@ class _TeeStream:
 
     def write(self, text: str) -> int:
         sink = _sinks.get(threading.get_ident())
+        if self._original is None:  # started without a stdout/stderr (`>&-`): the log only
+            if sink is not None:
+                with contextlib.suppress(ValueError):
+                    sink.write(text)
+            return len(text)
         if sink is None:
             return self._original.write(text)
         with contextlib.suppress(ValueError):
@@ -55,11 +61,12 @@ class _TeeStream:
     def flush(self) -> None:
         sink = _sinks.get(threading.get_ident())
         if sink is None:
-            self._original.flush()
+            if self._original is not None:
+                self._original.flush()
             return
         with contextlib.suppress(ValueError):
             sink.flush()
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: no stream
             self._original.flush()
 
     def __getattr__(self, name):
@@ -131,8 +138,7 @@ def console_write(text: str) -> None:
     stream = _originals[0] if _installed and _originals else sys.stdout
     if isinstance(stream, _TeeStream):  # (someone wrapped our tee: use what it wraps)
         stream = stream._original
-    stream.write(text)
-    stream.flush()
+    write_or_drop(stream, text)  # a console that went away stops no step
 
 
 @contextlib.contextmanager

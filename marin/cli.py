@@ -33,7 +33,7 @@ from executor.store import StoreError
 from executor.template import TemplateError
 from executor.tree import info_path, utc_now_iso
 from marin.explain import explain, previous_version
-from marin.gc import delete_garbage, find_garbage, unread_outputs
+from marin.gc import delete_garbage, find_garbage
 from marin.leaderboard import METRICS, as_json, describe_differences, rank, training_runs
 from marin.outputs import (
     OutputTree,
@@ -399,9 +399,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 # -- gc --------------------------------------------------------------------------
 def cmd_gc(args: argparse.Namespace) -> int:
     tree = _tree(args)
-    garbage = find_garbage(tree, lease_timeout=args.lease_timeout)
-    for step in unread_outputs(tree):
-        print(f"kept {step.relpath}: {step.problem}; its state is unknown, so it is not collected")
+    kept: list = []
+    garbage = find_garbage(tree, lease_timeout=args.lease_timeout, kept=kept)
+    for step, why in kept:
+        print(f"kept {step.relpath}: {why}, so it is not collected")
     if not garbage:
         print(f"nothing to collect under {tree.prefix}")
         return 0

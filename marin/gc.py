@@ -31,14 +31,25 @@ class Garbage:
 
 
 def find_garbage(
-    tree: OutputTree, lease_timeout: float | None = None, now: float | None = None
+    tree: OutputTree,
+    lease_timeout: float | None = None,
+    now: float | None = None,
+    kept: list[tuple[StepOutput, str]] | None = None,
 ) -> list[Garbage]:
-    """Collectable outputs with the reason and size of each, sorted by path."""
+    """Collectable outputs with the reason and size of each, sorted by path.
+
+    `kept`, when given, receives (output, why) for each output that looks collectable but is
+    kept: its status file could not be read, or it holds another output that is not garbage.
+    """
     timeout = LeaseConfig().timeout if lease_timeout is None else lease_timeout
+    kept = [] if kept is None else kept
     referenced = tree.referenced_paths()
     found: list[tuple[StepOutput, str]] = []
     for step in tree.steps:
-        if not _deletable(tree, step) or step.status_unread:
+        if not _deletable(tree, step):
+            continue
+        if step.status_unread:
+            kept.append((step, f"{step.problem}; its state is unknown"))
             continue
         if not lease_is_stale(tree.lease(step), timeout, now):
             continue  # running now
@@ -49,13 +60,30 @@ def find_garbage(
             found.append((step, "abandoned: no live lease and never finished"))
         elif step.path not in referenced:
             found.append((step, "not referenced by any experiment manifest"))
+    found = _without_live_insides(tree, found, kept)
     sizes = tree.sizes([step for step, _ in found])
     return [Garbage(step, reason, sizes[step.path]) for step, reason in found]
 
 
-def unread_outputs(tree: OutputTree) -> list[StepOutput]:
-    """Outputs gc keeps because their status file could not be read (see the module docstring)."""
-    return [step for step in tree.steps if step.status_unread and _deletable(tree, step)]
+def _without_live_insides(
+    tree: OutputTree, found: list[tuple[StepOutput, str]], kept: list[tuple[StepOutput, str]]
+) -> list[tuple[StepOutput, str]]:
+    """`found` less every output with another output inside it that is not garbage itself.
+
+    One experiment cannot nest a step's output in another's, but two can (an
+    `override_output_path` under a path where another experiment's step failed): deleting
+    the outer directory would take the inner, live output with it.
+    """
+    garbage = {step.path for step, _ in found}
+    live = [step for step in tree.steps if step.path not in garbage]
+    out = []
+    for step, why in found:
+        inside = next((other for other in live if other.path.startswith(step.path + "/")), None)
+        if inside is None:
+            out.append((step, why))
+        else:
+            kept.append((step, f"{why}, but it holds {inside.relpath}, which is not garbage"))
+    return out
 
 
 def _deletable(tree: OutputTree, step: StepOutput) -> bool:

@@ -398,6 +398,8 @@ class OutputTree:
             fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as error:  # a link loop (ELOOP), a socket (ENXIO), no permission, ...
+            raise TreeFileError(f"{path} cannot be opened ({error.strerror or error}): not read") from None
         try:
             mode = os.fstat(fd)
             if stat.S_ISDIR(mode.st_mode):
@@ -410,6 +412,8 @@ class OutputTree:
             while total <= limit and (chunk := os.read(fd, min(1 << 16, limit + 1 - total))):
                 chunks.append(chunk)
                 total += len(chunk)
+        except OSError as error:  # EIO and the like: this file is not read, the rest of the tree is
+            raise TreeFileError(f"{path} could not be read ({error.strerror or error}): not read") from None
         finally:
             os.close(fd)
         if total > limit:

@@ -38,9 +38,12 @@ SCRIPT = textwrap.dedent(
         print("the step prints", flush=True)  # to its log and to the console, which may be gone
 
     if __name__ == "__main__":
+        from executor import ResourceConfig
+
+        heavy = ResourceConfig.with_cpu(cpu=1) if os.environ.get("HEAVY") else None  # a process of its own
         steps = [
-            ExecutorStep(name=f"s/{name}", fn=sleeps, config=Config(versioned(name), this_output_path()))
-            for name in ("a", "b")
+            ExecutorStep(name="s/a", fn=sleeps, config=Config(versioned("a"), this_output_path()), resources=heavy),
+            ExecutorStep(name="s/b", fn=sleeps, config=Config(versioned("b"), this_output_path())),
         ]
         executor_main(steps=steps)
     """
@@ -53,14 +56,27 @@ def write_step(name: str, fn=write_value) -> ExecutorStep:
     )
 
 
-def start_script(tmp_path, step_sleep: float, **popen) -> subprocess.Popen:
+def start_script(tmp_path, step_sleep: float, heavy: bool = False, shell_redirect: str = "", **popen):
+    """The experiment in a subprocess; `shell_redirect` (e.g. ">&-") is applied by a shell."""
     script = tmp_path / "experiment.py"
     script.write_text(SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key != "MARIN_PREFIX"}
+    env = {key: value for key, value in os.environ.items() if key not in ("MARIN_PREFIX", "HEAVY")}
     env.pop("PYTHONUNBUFFERED", None)  # stdout block-buffered, as when piped to `head`
-    env.update(PYTHONPATH=REPO, STEP_SLEEP=str(step_sleep))
+    env.update(PYTHONPATH=REPO, STEP_SLEEP=str(step_sleep), **({"HEAVY": "1"} if heavy else {}))
     command = [sys.executable, str(script), "--prefix", str(tmp_path / "out")]
+    if shell_redirect:
+        command = ["sh", "-c", 'exec "$@" ' + shell_redirect, "sh", *command]
     return subprocess.Popen(command, cwd=tmp_path, env=env, **popen)
+
+
+def assert_all_succeeded(tmp_path) -> None:
+    dirs = step_dirs(tmp_path)
+    assert len(dirs) == 2
+    for path in dirs:
+        assert last_status(path)["status"] == "SUCCESS", path
+        assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
+        with open(os.path.join(path, ".executor_log")) as handle:
+            assert "the step prints" in handle.read()  # what the console missed is in the log
 
 
 def step_dirs(tmp_path) -> list[str]:
@@ -104,6 +120,29 @@ def test_a_console_closed_mid_run_does_not_hang_the_run(tmp_path):
         assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
         with open(os.path.join(path, ".executor_log")) as handle:
             assert "the step prints" in handle.read()  # what the console missed is in the log
+
+
+@pytest.mark.parametrize("redirect", [">&-", ">&- 2>&-"], ids=["no-stdout", "no-stdout-no-stderr"])
+def test_a_run_started_without_a_console_succeeds(tmp_path, redirect):
+    """`python experiment.py >&-`: Python's sys.stdout (and sys.stderr) is None."""
+    process = start_script(tmp_path, step_sleep=0.2, shell_redirect=redirect, stderr=subprocess.PIPE)
+    _, err = process.communicate(timeout=60) if "2>&-" not in redirect else (None, b"")
+    assert wait_for_exit(process, 60) == 0, err
+    assert_all_succeeded(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_heavy_step_printing_to_a_closed_console_succeeds(tmp_path):
+    """Its process's output is followed onto the driver's console, which went away."""
+    process = start_script(
+        tmp_path, step_sleep=1.0, heavy=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert process.stdout.readline().startswith(b"Plan:")
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert wait_for_exit(process, 120) == 0, err
+    assert "error" not in err.lower(), err
+    assert_all_succeeded(tmp_path)
 
 
 def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path):

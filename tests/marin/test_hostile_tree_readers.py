@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from executor import Executor
+from executor import Executor, ExecutorRunError, ExecutorStep, this_output_path
 from executor.lease import MAX_CLOCK_AHEAD_S, lease_is_stale, read_lease
 from executor.store import open_store
 from executor.tree import LEASE_FILE, STATUS_FILE, LeaseRecord, Status, append_status, info_path
@@ -108,6 +108,28 @@ def test_gc_still_collects_an_output_with_no_status_file(tree, capsys):
     assert "abandoned" in out and "deleted 1 output(s)" in out, out
     assert not os.path.exists(path)
     assert os.path.exists(step_dir(tree, "notes/second"))
+
+
+def test_gc_keeps_a_failed_output_that_holds_another_experiments_live_output(tmp_path, capsys):
+    """One experiment cannot nest outputs; two can. Deleting the failed outer directory would
+    take the inner, successful and referenced output with it."""
+    prefix = str(tmp_path / "nest")
+    outer = ExecutorStep(
+        name="n/outer", fn=sample_tree.fail_always, config=sample_tree.NoteConfig(this_output_path(), "o")
+    ).with_output_path("n/outer-fixed")
+    inner = ExecutorStep(
+        name="n/inner", fn=sample_tree.write_note, config=sample_tree.NoteConfig(this_output_path(), "i")
+    ).with_output_path("n/outer-fixed/inner")
+    with pytest.raises(ExecutorRunError):
+        Executor(prefix, lease_config=FAST_LEASES, console=False).run([outer])
+    Executor(prefix, lease_config=FAST_LEASES, console=False).run([inner])
+
+    code, out, err = marin(capsys, "gc", "--prefix", prefix, "--yes")
+
+    assert code == 0, out + err
+    assert "kept n/outer-fixed: failed" in out and "holds n/outer-fixed/inner" in out, out
+    assert os.path.exists(os.path.join(prefix, "n", "outer-fixed", "inner", "note.txt"))
+    assert OutputTree(prefix).find("n/inner").status == "SUCCESS"
 
 
 # -- values that used to raise in a reader ----------------------------------------------------
