@@ -215,7 +215,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     for event in step.history:
         extra = ", ".join(f"{k}={v}" for k, v in sorted(event.extra.items()) if k in ("duration_s",))
         print(
-            f"  {event.date}  {event.status.value:<10} {event.worker or ''} {event.message or ''} {extra}".rstrip()
+            one_line(
+                f"  {event.date}  {event.status.value:<10} {event.worker or ''} {event.message or ''} {extra}".rstrip()
+            )
         )
     lease = tree.lease(step)
     if lease is not None:
@@ -226,7 +228,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     total = sum(size for _, size in files)
     print(f"\nfiles ({len(files)}, {human_size(total)}):")
     for rel, size in files[: args.files]:
-        print(f"  {human_size(size):>9}  {rel}")
+        print(f"  {human_size(size):>9}  {one_line(rel)}")
     if len(files) > args.files:
         print(f"  ... {len(files) - args.files} more")
     tail = tree.log_tail(step, max_bytes=args.log_bytes)

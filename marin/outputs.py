@@ -50,6 +50,7 @@ from executor.tree import (
     parse_status,
     status_path,
 )
+from marin.terminal import one_line
 
 MAX_DEPTH = 6
 """How many directory levels below the prefix the walk looks for step outputs."""
@@ -363,6 +364,27 @@ class OutputTree:
             part in ("", ".", "..") for part in path[len(self.prefix) + 1 :].rstrip("/").split("/")
         )
 
+    def _alias(self, path: str) -> bool:
+        """A symbolic link to a directory inside the prefix: walked by its real name instead (a
+        few links to the prefix itself would otherwise multiply the walk, and list each output
+        under many names)."""
+        local = self.store.local_path(path)
+        if local is None or self._real_prefix is None or not os.path.islink(local):
+            return False
+        return not self.leads_outside(path)
+
+    def _first_visit(self, path: str, seen: set) -> bool:
+        """Whether the walk has not been in this real directory yet (links out of the prefix
+        may lead back to one; a loop of them would otherwise be walked to the depth limit)."""
+        local = self.store.local_path(path)
+        if local is None:
+            return True
+        real = os.path.realpath(local)
+        if real in seen:
+            return False
+        seen.add(real)
+        return True
+
     def reached_through_link(self, path: str) -> bool:
         """Whether the local `path` is reached through a symbolic link anywhere below the prefix
         (so the same directory has another, real name): gc deletes only by the real name."""
@@ -549,8 +571,11 @@ class OutputTree:
     def steps(self) -> list[StepOutput]:
         """Every step output under the prefix, sorted by relative path."""
         found: dict[str, StepOutput] = {}
+        seen = {self._real_prefix}  # real directories walked (local disk): each once, by one name
         level = [
-            entry for entry in self.list_dir(self.prefix) if entry.is_dir and entry.name != EXPERIMENTS_DIR
+            entry
+            for entry in self.list_dir(self.prefix)
+            if entry.is_dir and entry.name != EXPERIMENTS_DIR and not self._alias(entry.path)
         ]
         for _depth in range(MAX_DEPTH):
             if not level:
@@ -560,10 +585,15 @@ class OutputTree:
             for entry, step in loaded:
                 if step is not None:
                     found[step.path] = step
-                elif not entry.name.startswith("."):
+                elif not entry.name.startswith(".") and self._first_visit(entry.path, seen):
                     descend.append(entry)
             listings = self._map(lambda entry: self.list_dir(entry.path), descend)
-            level = [child for listing in listings for child in listing if child.is_dir]
+            level = [
+                child
+                for listing in listings
+                for child in listing
+                if child.is_dir and not self._alias(child.path)
+            ]
         extra = {
             entry["output_path"]
             for experiment in self.experiments
@@ -615,12 +645,14 @@ class OutputTree:
             if len(matches) == 1:
                 return matches[0]
             if len(matches) > 1:
-                listing = "\n".join(f"  {step.relpath}  ({step.status})" for step in matches[:20])
+                listing = "\n".join(f"  {one_line(step.relpath)}  ({step.status})" for step in matches[:20])
                 raise RefError(
                     f"hash {ref!r} is ambiguous: {len(matches)} outputs match; give more digits:\n{listing}"
                 )
         suggestions = [step.relpath for step in self.steps if ref in step.relpath][:10]
-        hint = ("\ndid you mean:\n" + "\n".join(f"  {s}" for s in suggestions)) if suggestions else ""
+        hint = (
+            ("\ndid you mean:\n" + "\n".join(f"  {one_line(s)}" for s in suggestions)) if suggestions else ""
+        )
         raise RefError(f"no step output matches {ref!r} under {self.prefix}{hint}")
 
     def lease(self, step: StepOutput) -> LeaseRecord | None:

@@ -13,17 +13,25 @@ from __future__ import annotations
 import re
 from typing import TextIO
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""C0 controls but tab and newline, DEL, and C1 controls (0x9b is a one-byte CSI on some terminals)."""
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+"""C0 controls but tab and newline, DEL, C1 controls (0x9b is a one-byte CSI on some
+terminals), and lone surrogates: a file name that is not UTF-8 reaches Python as
+surrogate escapes, which would go out as the raw bytes (a C1 control among them) or fail
+to encode at all."""
 
-_CONTROL_OR_BREAK = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL_OR_BREAK = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
 def _escape(match: re.Match[str]) -> str:
     char = match.group()
-    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # the byte `code - 0xDC00` of a name that is not UTF-8
+        return f"\\x{code - 0xDC00:02x}"
+    if code >= 0xD800:
+        return f"\\u{code:04x}"
+    return _NAMED.get(char) or f"\\x{code:02x}"
 
 
 def printable(text: str) -> str:

@@ -132,6 +132,20 @@ def test_gc_keeps_a_failed_output_that_holds_another_experiments_live_output(tmp
     assert OutputTree(prefix).find("n/inner").status == "SUCCESS"
 
 
+def test_links_to_the_prefix_do_not_multiply_the_walk(tree, capsys):
+    """Six links to the prefix made `ls` list each output 1,500 times over (k^6 for k links)."""
+    for index in range(6):
+        os.symlink(tree, os.path.join(tree, f"s{index}"))
+    os.symlink(os.path.join(tree, "notes"), os.path.join(tree, "notes", "again"))  # a loop inside
+
+    started = time.monotonic()
+    code, out, err = marin(capsys, "ls", "--prefix", tree, "--json")
+    assert code == 0, err
+    assert time.monotonic() - started < 30
+    paths = sorted(os.path.relpath(step["path"], tree) for step in json.loads(out)["steps"])
+    assert [path.rsplit("-", 1)[0] for path in paths] == ["notes/first", "notes/second"], paths
+
+
 # -- values that used to raise in a reader ----------------------------------------------------
 @pytest.mark.parametrize("outcome", [["x"], 5, {"a": 1}, None, ""])
 def test_ls_reads_a_manifest_whose_outcome_is_not_a_word(tree, capsys, outcome):
@@ -294,3 +308,50 @@ def test_no_command_sends_a_control_sequence_from_the_tree(tree, capsys):
     # the newline in the directory name does not start a row of its own
     assert not any(line.startswith("SUCCESS  fake-11111111") for line in seen.splitlines()), seen
     assert "\\nSUCCESS  fake-11111111" in seen
+
+
+def test_names_that_are_not_utf8_or_hold_line_breaks_are_escaped_in_show(tree, capsys):
+    path = step_dir(tree)
+    with open(os.fsencode(os.path.join(path, "f")) + b"\x1b[31m\x9b\r\nname", "w") as handle:
+        handle.write("x")
+    edit_last_status(path, lambda event: event.update(worker="w\rFAKE  SUCCESS", message="a\nb"))
+    fake = os.path.join(tree, "notes", "x\nSUCCESS  fake-11111111")
+    os.makedirs(fake)
+    with open(os.path.join(fake, STATUS_FILE), "w") as handle:
+        handle.write(json.dumps({"date": "2026-11-24T03:07:28.570Z", "status": "FAILED"}) + "\n")
+
+    code, out, err = marin(capsys, "show", "notes/first", "--prefix", tree)
+    assert code == 0, err
+    assert "\udc9b" not in out and "\x9b" not in out and "\x1b" not in out
+    assert "f\\x1b[31m\\x9b\\r\\nname" in out  # the file, on one line
+    assert "w\\rFAKE  SUCCESS a\\nb" in out  # the status event, on one line
+    assert not any(line.startswith(("name", "FAKE", "b")) for line in out.splitlines()), out
+
+    code, out, err = marin(capsys, "show", "SUCCESS", "--prefix", tree)  # no such step: suggestions
+    assert code == 2
+    assert "x\\nSUCCESS  fake-11111111" in err and not any(
+        line.startswith("SUCCESS  fake") for line in err.splitlines()
+    ), err
+
+
+def test_a_strict_utf8_console_gets_escapes_not_a_traceback(tmp_path):
+    """Under PYTHONIOENCODING=utf-8:strict (a real UTF-8 locale) a surrogate escape could not be
+    printed at all."""
+    import subprocess
+    import sys
+
+    prefix = str(tmp_path / "tree")
+    Executor(prefix, lease_config=FAST_LEASES, console=False).run(sample_tree.note_steps("hi")[:1])
+    path = step_dir(prefix)
+    with open(os.fsencode(os.path.join(path, "bad")) + b"\xff\x9b", "w") as handle:
+        handle.write("x")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-m", "marin.cli", "show", "notes/first", "--prefix", prefix],
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict", "PYTHONPATH": root},
+        cwd=root,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"bad\\xff\\x9b" in done.stdout
