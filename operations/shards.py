@@ -59,6 +59,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import IO, Any
 
 import fsspec
@@ -392,7 +393,10 @@ def map_shards(
                     for index, input_shard, output_shard, stats_path in jobs
                 }
                 for future in as_completed(futures):
-                    results[futures[future]] = future.result()
+                    try:
+                        results[futures[future]] = future.result()
+                    except BrokenProcessPool as broken:  # a worker was killed (OOM killer, kill -9)
+                        raise _worker_died(jobs, results) from broken
                     progress.update()
             except BaseException:
                 _stop_workers(pool)
@@ -402,6 +406,16 @@ def map_shards(
         progress.close()
     remove_temp_files(output_dir)
     return [results[index] for index in range(len(inputs))]
+
+
+def _worker_died(jobs: list, results: dict) -> RuntimeError:
+    """Which shards were unfinished when a worker process died: the pool's own error names none."""
+    unfinished = [input_shard for index, input_shard, _output, _stats in jobs if index not in results]
+    shown = ", ".join(unfinished[:5]) + (f" and {len(unfinished) - 5} more" if len(unfinished) > 5 else "")
+    return RuntimeError(
+        f"a worker process died (killed, or out of memory?) with {len(unfinished)} shard(s) unfinished: "
+        f"{shown}. The finished shards are kept; run the step again to do the rest"
+    )
 
 
 def _run_on_ray_worker(

@@ -166,6 +166,10 @@ def test_rerun_after_a_kill_mid_shard_leaves_no_temporary_files(held_driver, tmp
     else:
         os.kill(pids[0], signal.SIGKILL)  # the driver sees a broken pool and fails
     assert held_driver.process.wait(timeout=30) != 0
+    if killed == "worker":  # the pool's own error names no shard; ours names the unfinished ones
+        err = held_driver.process.stderr.read().decode()
+        assert "a worker process died (killed, or out of memory?) with " in err, err[-2000:]
+        assert "shard(s) unfinished: " in err and "run the step again to do the rest" in err, err[-2000:]
     wait_until(lambda: not any(alive(pid) for pid in pids), 10, "workers gone")
     out = held_driver.out
     assert temp_files(out), "the kill should leave half-written shards behind"
