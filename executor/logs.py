@@ -18,8 +18,10 @@ once more when it ends, after any earlier run's log.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import stat
 import sys
 import threading
 from collections.abc import Iterator
@@ -228,11 +230,30 @@ class _PeriodicUpload:
 
 
 def _open_local(path: str) -> IO[str]:
-    try:
-        return open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed by capture_step_log)
-    except FileNotFoundError:  # the step removed its own directory
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+    """The step's log for appending; never through a link nor onto a FIFO or socket.
+
+    Whatever stands in the log's place that is not a regular file (a link, perhaps leading
+    out of the prefix; a FIFO) is removed and the log started afresh: the step holds its
+    lease, and the log is its own.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    for _ in range(3):
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileNotFoundError:  # the step removed its own directory
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            continue
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.ENXIO, errno.EOPNOTSUPP):
+                raise
+            os.unlink(path)  # a link (ELOOP under O_NOFOLLOW), or a FIFO or socket with no reader
+            continue
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO that has a reader
+            os.close(fd)
+            os.unlink(path)
+            continue
+        return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+    raise OSError(f"cannot open the step's log {path}: something keeps taking its place")
 
 
 def _open_temp() -> IO[str]:

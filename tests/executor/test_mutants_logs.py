@@ -444,17 +444,18 @@ def test_a_log_directory_created_by_someone_else_meanwhile_is_used(tmp_path, con
     thread of the step creating its outputs): making it must not fail because it exists."""
     console()
     output = tmp_path / "step"
-    real_open = open
+    real_open = os.open
     calls = []
 
     def racing_open(path, *args, **kwargs):
-        calls.append(path)
-        if len(calls) == 1:
-            output.mkdir()  # created meanwhile
-            raise FileNotFoundError(2, "No such file or directory", path)
+        if str(path).startswith(str(output)):
+            calls.append(path)
+            if len(calls) == 1:
+                output.mkdir()  # created meanwhile
+                raise FileNotFoundError(2, "No such file or directory", path)
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(logs, "open", racing_open, raising=False)
+    monkeypatch.setattr(os, "open", racing_open)
     with logs.capture_step_log(LocalStore(), str(output)) as path:
         print("made it")
     monkeypatch.undo()

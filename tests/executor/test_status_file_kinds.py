@@ -186,3 +186,29 @@ def test_an_info_file_that_is_a_link_reads_as_missing_and_is_replaced_not_writte
     assert not os.path.islink(output / ".executor_info")
     assert read_info(LocalStore(), str(output)) == {"output_path": str(output), "name": "step"}
     assert elsewhere.read_text() == '{"name": "not this step"}'
+
+
+@pytest.mark.parametrize("kind", ["link-out", "dangling-link", "fifo"])
+def test_a_link_or_fifo_in_the_log_s_place_is_replaced_by_the_log(tmp_path, kind):
+    """The step's output was written through a link to outside the prefix, or lost in a FIFO."""
+    from executor.logs import capture_step_log
+
+    output = tmp_path / "prefix" / "step"
+    output.mkdir(parents=True)
+    log = output / ".executor_log"
+    outside = tmp_path / "outside.txt"
+    if kind == "link-out":
+        outside.write_text("precious\n")
+        os.symlink(outside, log)
+    elif kind == "dangling-link":
+        os.symlink(outside, log)
+    else:
+        os.mkfifo(log)
+    with capture_step_log(LocalStore(), str(output)):
+        print("the step's line")
+    assert log.is_file() and not log.is_symlink()
+    assert log.read_text() == "the step's line\n"
+    if kind == "link-out":
+        assert outside.read_text() == "precious\n"
+    else:
+        assert not outside.exists()
