@@ -355,3 +355,29 @@ def test_a_strict_utf8_console_gets_escapes_not_a_traceback(tmp_path):
     )
     assert done.returncode == 0, done.stderr.decode()
     assert b"bad\\xff\\x9b" in done.stdout
+
+
+@pytest.mark.parametrize("kind", ["socket", "loop"])
+@pytest.mark.parametrize("name", [".executor_info", ".executor_status", LEASE_FILE])
+def test_a_bookkeeping_file_that_cannot_be_opened_is_not_read(tree, capsys, monkeypatch, kind, name):
+    """A socket (ENXIO) or a link loop (ELOOP) in one file's place took down every reader."""
+    import socket
+
+    target = os.path.join(step_dir(tree), name)
+    if os.path.lexists(target):
+        os.remove(target)
+    if kind == "socket":
+        listener = socket.socket(socket.AF_UNIX)
+        monkeypatch.chdir(step_dir(tree))  # a socket's path is limited to 107 bytes
+        listener.bind(name)
+        monkeypatch.undo()
+    else:
+        os.symlink(target, target)
+    try:
+        for command in (["ls"], ["ls", "--json"], ["show", "notes/first"], ["gc"], ["tree"]):
+            code, out, err = marin(capsys, *command, "--prefix", tree)
+            assert code == 0, (command, out + err)
+            assert "Traceback" not in out + err
+    finally:
+        if kind == "socket":
+            listener.close()
