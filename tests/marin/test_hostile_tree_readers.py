@@ -146,6 +146,28 @@ def test_links_to_the_prefix_do_not_multiply_the_walk(tree, capsys):
     assert [path.rsplit("-", 1)[0] for path in paths] == ["notes/first", "notes/second"], paths
 
 
+def test_outputs_are_listed_and_collected_by_their_real_names_only(tree, capsys):
+    """Links sorting before the real directory (`a-alias` -> notes) or naming a step output
+    itself (`notes/zz-copy` -> notes/first-...) do not make a second name for an output."""
+    first = step_dir(tree)
+    os.symlink(os.path.join(tree, "notes"), os.path.join(tree, "a-alias"))
+    os.symlink(first, os.path.join(tree, "notes", "zz-copy"))
+    with open(os.path.join(tree, "notes", "zz-copy", STATUS_FILE), "a") as handle:  # through the link
+        handle.write(json.dumps({"date": "2026-11-24T03:07:28.570Z", "status": "FAILED"}) + "\n")
+
+    code, out, err = marin(capsys, "ls", "--prefix", tree, "--json")
+    assert code == 0, err
+    paths = sorted(os.path.relpath(step["path"], tree) for step in json.loads(out)["steps"])
+    assert paths == sorted(
+        os.path.relpath(step_dir(tree, name), tree) for name in ("notes/first", "notes/second")
+    )
+
+    code, out, err = marin(capsys, "gc", "--prefix", tree, "--yes")  # first is FAILED now: collected
+    assert code == 0, out + err
+    assert "notes/first-" in out and "zz-copy" not in out and "a-alias" not in out, out
+    assert not os.path.exists(first) and os.path.exists(step_dir(tree, "notes/second"))
+
+
 # -- values that used to raise in a reader ----------------------------------------------------
 @pytest.mark.parametrize("outcome", [["x"], 5, {"a": 1}, None, ""])
 def test_ls_reads_a_manifest_whose_outcome_is_not_a_word(tree, capsys, outcome):
