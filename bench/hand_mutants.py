@@ -1,0 +1,222 @@
+"""Hand-applied mutants of the ninth session's fixes: each one removes or weakens a fix's key
+line, and the tests named next to it must then fail (docs/testing.md, ninth session).
+
+    .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR]
+
+Runs in a scratch copy (`git archive`), never in the working tree; prints one line per
+mutant (killed / SURVIVED / NOT FOUND when the code has changed since) and exits non-zero
+if any survived. Browser tests (Chromium) are left out of the selections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+# (file, text of the fix, what the mutant puts there, tests to run)
+MUTANTS = [
+    (
+        "marin/gc.py",
+        "tree.contains(step.path) and not tree.reached_through_link(step.path)",
+        "tree.contains(step.path)",
+        "tests/marin",
+    ),
+    (
+        "marin/gc.py",
+        "        if step.status_unread:\n",
+        "        if False:\n",
+        "tests/marin/test_hostile_tree_readers.py",
+    ),
+    (
+        "marin/gc.py",
+        'other.path.startswith(step.path + "/")',
+        'other.path.startswith(step.path + "/x")',
+        "tests/marin/test_hostile_tree_readers.py",
+    ),
+    (
+        "marin/outputs.py",
+        "return not self.history and any(",
+        "return any(",
+        "tests/marin/test_hostile_tree_readers.py tests/marin/test_untrusted_trees.py tests/marin/test_cli.py",
+    ),
+    (
+        "marin/outputs.py",
+        "return os.path.realpath(local) != os.path.join(self._real_prefix, relative)",
+        "return False",
+        "tests/marin",
+    ),
+    (
+        "marin/outputs.py",
+        "        return not self.leads_outside(path)\n\n    def _first_visit",
+        "        return False\n\n    def _first_visit",
+        "tests/marin",
+    ),
+    (
+        "marin/outputs.py",
+        "        if real in seen:\n            return False",
+        "        if real in seen:\n            return True",
+        "tests/marin/test_hostile_tree_readers.py",
+    ),
+    (
+        "executor/lease.py",
+        "return age > timeout or age < -MAX_CLOCK_AHEAD_S",
+        "return age > timeout",
+        "tests/marin/test_hostile_tree_readers.py tests/executor/test_mutants_lease.py",
+    ),
+    (
+        "executor/tree.py",
+        "and 0 <= value <= MAX_TIMESTAMP",
+        "and -1e30 <= value <= MAX_TIMESTAMP",
+        "tests/marin/test_hostile_tree_readers.py",
+    ),
+    ("executor/lease.py", "if value < MIN_SECONDS:", "if value < 0:", "tests/executor/test_mutants_lease.py"),
+    (
+        "executor/main.py",
+        "        if name in found:\n",
+        "        if False:\n",
+        "tests/executor/test_flags.py",
+    ),
+    (
+        "executor/main.py",
+        "return matches[0] if len(matches) == 1 else name",
+        "return name",
+        "tests/executor/test_flags.py",
+    ),
+    (
+        "executor/graph.py",
+        "if storage_of(override) != storage_of(prefix):",
+        "if False:",
+        "tests/executor/test_bad_input.py tests/executor/test_versioning.py",
+    ),
+    (
+        "executor/graph.py",
+        "            sha256_hex(canonical_json(value))\n",
+        "            canonical_json(value)\n",
+        "tests/executor/test_bad_input.py",
+    ),
+    (
+        "executor/runner.py",
+        "                if last is not None:  # an earlier attempt",
+        "                if False:  # an earlier attempt",
+        "tests/executor/test_temp_files_after_failure.py",
+    ),
+    (
+        "executor/tree.py",
+        r'LEFTOVER_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]+-(?!\.executor)")',
+        r'LEFTOVER_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]+-")',
+        "tests/executor/test_temp_files_after_failure.py",
+    ),
+    ("marin/terminal.py", '.replace("\\r", "\\n")', "", "tests/marin/test_hostile_tree_readers.py"),
+    (
+        "executor/console.py",
+        "            os.dup2(devnull, sys.stdout.fileno())\n",
+        "            pass\n",
+        "tests/executor/test_console_and_signals.py",
+    ),
+    (
+        "executor/logs.py",
+        "        if self._original is None:  # started without",
+        "        if False:  # started without",
+        "tests/executor/test_console_and_signals.py",
+    ),
+    (
+        "executor/logs.py",
+        "os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK",
+        "os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK",
+        "tests/executor/test_status_file_kinds.py",
+    ),
+    (
+        "marin/web/server.py",
+        "self._reader.deadline = time.monotonic() + self.timeout",
+        "self._reader.deadline = None",
+        "tests/marin/test_web_limits.py -k trickling",
+    ),
+    (
+        "marin/web/files.py",
+        "    except ImportError as error:\n        raise MissingPackage",
+        "    except ValueError as error:\n        raise MissingPackage",
+        "tests/marin/test_web.py -k missing",
+    ),
+    (
+        "executor/executor.py",
+        "if storage_of(self.executor_info_base_path) != storage_of(self.prefix):",
+        "if False:",
+        "tests/executor/test_bad_input.py tests/executor/test_flags.py",
+    ),
+    (
+        "marin/cli.py",
+        "        return REBUILD_FAILED\n",
+        "        raise\n",
+        "tests/marin/test_hostile_tree_readers.py",
+    ),
+    (
+        "operations/shards.py",
+        "raise _worker_died(jobs, results) from broken",
+        "raise",
+        "tests/operations/test_shards.py -k rerun_after",
+    ),
+    (
+        "marin/outputs.py",
+        "        except OSError as error:  # a link loop (ELOOP), a socket (ENXIO), no permission, ...\n            raise TreeFileError",
+        "        except ValueError as error:\n            raise TreeFileError",
+        "tests/marin",
+    ),
+]
+"""The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commit", default="HEAD")
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a new temporary one)")
+    args = parser.parse_args()
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    workdir = args.workdir or tempfile.mkdtemp(prefix="hand-mutants-")
+    archive = subprocess.run(
+        ["git", "-C", repo, "archive", args.commit], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", workdir], input=archive, check=True)
+    survived = 0
+    for path, old, new, tests in MUTANTS:
+        target = os.path.join(workdir, path)
+        with open(target) as handle:
+            original = handle.read()
+        if old not in original:
+            print(f"NOT FOUND: {path}: {old[:70]!r}", flush=True)
+            continue
+        with open(target, "w") as handle:
+            handle.write(original.replace(old, new, 1))
+        try:
+            selection = tests.split() + ([] if "-k" in tests else ["-k", "not browser"])
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-x",
+                    "-p",
+                    "no:randomly",
+                    "-p",
+                    "no:cacheprovider",
+                    *selection,
+                ],
+                cwd=workdir,
+                capture_output=True,
+                timeout=900,
+            )
+        finally:
+            with open(target, "w") as handle:
+                handle.write(original)
+        killed = result.returncode != 0
+        survived += not killed
+        print(f"{'killed' if killed else 'SURVIVED'}: {path}: {old[:70]!r}", flush=True)
+    print(f"{len(MUTANTS) - survived} of {len(MUTANTS)} caught (workdir {workdir})")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
