@@ -175,6 +175,7 @@ def main() -> int:
     args = parser.parse_args()
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     workdir = args.workdir or tempfile.mkdtemp(prefix="hand-mutants-")
+    os.makedirs(workdir, exist_ok=True)
     archive = subprocess.run(
         ["git", "-C", repo, "archive", args.commit], check=True, capture_output=True
     ).stdout

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import pytest
 
@@ -56,18 +55,6 @@ def wait_for(predicate, timeout=30.0, interval=0.02):
             return
         time.sleep(interval)
     raise AssertionError("condition not reached in time")
-
-
-@pytest.fixture(params=["local", "memory", "s3"])
-def store_and_root(request, tmp_path):
-    if request.param == "local":
-        root = str(tmp_path / "prefix")
-    elif request.param == "memory":
-        root = f"memory://cold-{uuid.uuid4().hex}"
-    else:
-        request.getfixturevalue("s3_env")
-        root = request.getfixturevalue("s3_prefix")
-    return open_store(root), root
 
 
 # -- what one step writes ------------------------------------------------------------

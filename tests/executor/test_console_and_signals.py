@@ -113,13 +113,7 @@ def test_a_console_closed_mid_run_does_not_hang_the_run(tmp_path):
     err = process.stderr.read().decode()
     assert wait_for_exit(process, 60) == 0, err
     assert "error:" not in err and "Traceback" not in err, err
-    dirs = step_dirs(tmp_path)
-    assert len(dirs) == 2
-    for path in dirs:
-        assert last_status(path)["status"] == "SUCCESS", path
-        assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
-        with open(os.path.join(path, ".executor_log")) as handle:
-            assert "the step prints" in handle.read()  # what the console missed is in the log
+    assert_all_succeeded(tmp_path)
 
 
 @pytest.mark.parametrize("redirect", [">&-", ">&- 2>&-"], ids=["no-stdout", "no-stdout-no-stderr"])

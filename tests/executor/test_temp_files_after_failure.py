@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,19 +44,11 @@ KEPT = [
 ]
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
-def store_and_output(request, tmp_path):
+@pytest.fixture
+def store_and_output(store_and_root):
     """A step output directory on local disk, memory:// and a real S3 server (SeaweedFS)."""
-    if request.param == "local":
-        output = str(tmp_path / "step-0123abcd")
-    elif request.param == "memory":
-        output = f"memory://temp-files-{uuid.uuid4().hex}/step-0123abcd"
-    else:
-        request.getfixturevalue("s3_env")
-        output = request.getfixturevalue("s3_prefix") + "/step-0123abcd"
-    store = open_store(output)
-    yield store, output
-    store.delete_tree(output)
+    store, root = store_and_root
+    return store, f"{root}/step-0123abcd"
 
 
 def relative_files(store, output: str) -> list[str]:
