@@ -52,6 +52,7 @@ info or lease that a reader would take for a whole one.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import logging
@@ -94,6 +95,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONCURRENT = 32
 """Driver threads when `max_concurrent` is None. Steps that need more parallelism than
 this are heavy and belong on a remote backend anyway."""
+
+
+WORKER_START_DELAY_S = 0.005
+"""A step queued this long without a free worker thread gets a new one (see `Runner._dispatch`)."""
+
+QUEUE_AHEAD = 2
+"""Steps queued for the workers beyond one per idle worker."""
 
 
 DEFAULT_MAX_RETRIES = 2
@@ -171,13 +179,15 @@ class Runner:
         self.follow_logs = True
         """While waiting for a step another driver (or a step's own process) runs, echo its log."""
         self._messages: queue.SimpleQueue = queue.SimpleQueue()
-        # Worker threads are kept and reused: starting a thread per step made the main
-        # thread wait for each new thread to be scheduled (Thread.start), ~0.5 ms a step on
-        # a busy machine. `_idle` counts workers waiting on `_work`.
+        # Worker threads are kept and reused (starting a thread per step made the main thread
+        # wait for each new thread to be scheduled, ~0.5 ms a step on a busy machine), and
+        # started only as steps wait for one (see `_dispatch`). `_idle` counts workers waiting
+        # on `_work`; `_queued` holds when each step still in `_work` was put there (FIFO).
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._pool_lock = threading.Lock()
         self._idle = 0
         self._workers = 0
+        self._queued: collections.deque[float] = collections.deque()
         self._stop = threading.Event()
         self.run_record: dict[str, Any] = {}
 
@@ -236,14 +246,18 @@ class Runner:
         running: set[str] = set()
         try:
             while ready or running:
-                while len(running) < self.max_concurrent:
+                while len(running) < self.max_concurrent and self._room_in_queue():
                     path = self._next_startable(ready, running, todo, self.backend)
                     if path is None:
                         break
                     ready.remove(path)
                     running.add(path)
                     self._dispatch(todo[path])
-                kind, path, payload = self._messages.get()
+                try:
+                    kind, path, payload = self._messages.get(timeout=self._until_next_worker())
+                except queue.Empty:  # a step has waited WORKER_START_DELAY_S for a worker
+                    self._start_worker_if_starved()
+                    continue
                 if path not in running:
                     continue  # a late report from a step already written off (lease lost)
                 running.discard(path)
@@ -333,21 +347,56 @@ class Runner:
         return self.leases.reclaim(path)
 
     def _dispatch(self, row: PlannedStep) -> None:
-        """Hand `row` to an idle worker thread, or start one (at most one per running step)."""
+        """Queue `row` for the worker threads; start the first worker if there is none.
+
+        More workers start only when a queued step has waited WORKER_START_DELAY_S for one
+        (`_start_worker_if_starved`), up to one per running step: steps that finish in a
+        fraction of a millisecond (bookkeeping-bound) keep one or two threads busy instead of
+        32 threads handing the GIL to each other (twice the time of a cold fan-in run of
+        1,000 trivial steps), while steps that wait on I/O or on a process get a thread each
+        within milliseconds.
+        """
         with self._pool_lock:
-            reuse = self._idle > 0
-            if reuse:
-                self._idle -= 1
-            else:
+            self._queued.append(time.monotonic())
+            start = self._workers == 0
+            if start:
                 self._workers += 1
-        if reuse:
-            self._work.put(row)
-        else:
-            threading.Thread(target=self._worker_loop, args=(row,), daemon=True).start()
+        self._work.put(row)
+        if start:
+            self._start_worker()
+
+    def _room_in_queue(self) -> bool:
+        """Whether to queue another step: one per idle worker, plus QUEUE_AHEAD so that a
+        worker finishing a step finds the next without waiting for the main thread."""
+        with self._pool_lock:
+            return len(self._queued) < self._idle + QUEUE_AHEAD
+
+    def _until_next_worker(self) -> float | None:
+        """How long the main thread may wait for a report before it must check whether the
+        oldest queued step still waits for a worker (None: no step waits, or no worker may start)."""
+        with self._pool_lock:
+            if not self._queued or self._workers >= self.max_concurrent:
+                return None
+            return max(0.0, self._queued[0] + WORKER_START_DELAY_S - time.monotonic())
+
+    def _start_worker_if_starved(self) -> None:
+        with self._pool_lock:
+            starved = (
+                bool(self._queued)
+                and self._workers < self.max_concurrent
+                and time.monotonic() - self._queued[0] >= WORKER_START_DELAY_S
+            )
+            if starved:
+                self._workers += 1
+        if starved:
+            self._start_worker()
+
+    def _start_worker(self) -> None:
+        threading.Thread(target=self._worker_loop, daemon=True).start()
 
     # -- worker threads -------------------------------------------------------
-    def _worker_loop(self, row: PlannedStep | None) -> None:
-        while row is not None:
+    def _worker_loop(self) -> None:
+        while (row := self._take()) is not None:
             threading.current_thread().name = f"step:{row.name}"
             try:
                 result = self._worker(row)
@@ -355,10 +404,18 @@ class Runner:
                 result = (Outcome.FAILED, f"executor error: {type(error).__name__}")
             # Whatever happened, a report goes back: the main thread waits for it.
             threading.current_thread().name = "step:(idle)"
-            with self._pool_lock:
-                self._idle += 1  # before reporting: the main thread may dispatch at once
             self._messages.put(("done", row.output_path, result))
-            row = self._work.get()
+
+    def _take(self) -> PlannedStep | None:
+        """The next queued step (None: the run is over)."""
+        with self._pool_lock:
+            self._idle += 1
+        row = self._work.get()
+        with self._pool_lock:
+            self._idle -= 1
+            if row is not None:
+                self._queued.popleft()  # FIFO: the time this row was queued
+        return row
 
     def _worker(self, row: PlannedStep) -> tuple[Outcome, str]:
         """The step's outcome, whatever goes wrong: a worker that raised instead would never
