@@ -15,6 +15,7 @@ import pytest
 from executor import Executor, ExecutorRunError, ExecutorStep, ResourceConfig, this_output_path, versioned
 from executor.backends import BACKEND_ENV, backend_name, open_backend
 from executor.backends.local import LocalBackend, Request, request_of
+from executor.events import StepStarted
 from executor.main import parse_flags
 from executor.resources import GpuConfig
 from executor.tree import Status, read_info, read_status
@@ -109,6 +110,9 @@ def test_a_heavy_step_runs_in_its_own_process_and_its_output_lands_in_its_log(tm
         "gpu": 0,
     }
     assert [event.status for event in read_status(executor.store, output)] == [Status.RUNNING, Status.SUCCESS]
+    # The console and listeners are told where the hosted step's log is.
+    (started,) = [event for event in executor.events if isinstance(event, StepStarted)]
+    assert started.log_path == str(Path(output) / ".executor_log")
 
 
 def test_light_steps_stay_in_the_driver(tmp_path):

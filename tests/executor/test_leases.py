@@ -158,6 +158,13 @@ def test_a_second_executor_waits_for_the_first_and_then_skips(tmp_path, fast_lea
     waiter = threading.Thread(target=second.run, args=([step],))
     waiter.start()
     wait_for(lambda: any(isinstance(e, StepWaiting) for e in second.events))
+    (waiting,) = [e for e in second.events if isinstance(e, StepWaiting)]
+    # Who holds the step, and when it last showed a sign of life (the lease's heartbeat).
+    held = LeaseRecord.parse(
+        open_store(str(tmp_path)).read_bytes(lease_path(second.plan.rows[0].output_path))
+    )
+    assert waiting.holder == held.worker
+    assert isinstance(waiting.heartbeat, float) and abs(held.heartbeat - waiting.heartbeat) < 30
     assert second.plan.rows[0].action.value == "wait"
     assert first.events and "held by" in second.plan.rows[0].reason
     release.set()

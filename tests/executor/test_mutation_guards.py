@@ -10,6 +10,7 @@ what must happen.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import io
 import json
@@ -19,6 +20,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -28,6 +30,7 @@ import pytest
 import executor.graph
 import executor.main
 import executor.provenance as provenance
+import executor.tree
 from executor import (
     Executor,
     ExecutorRunError,
@@ -1097,6 +1100,35 @@ def test_the_experiment_manifest_is_named_after_the_script_and_the_step_versions
     assert provenance.experiment_info_path("/base", None, graph) == f"/base/interactive-{digest}.json"
     again = executor.graph.resolve([write_step("b", 2), write_step("a", 1)], "memory://elsewhere")
     assert provenance.experiment_hash(again) == digest
+
+
+def test_a_cached_rerun_rewrites_a_missing_manifest_with_its_start_date_and_provenance(tmp_path):
+    # Nothing runs on the re-run, so the manifest is written once, after the run: with that
+    # run's start date and the provenance gathered for it (not the empty record of a run
+    # that wrote no manifest before its steps).
+    Executor(str(tmp_path), console=False).run(abc_steps())
+    again = Executor(str(tmp_path), console=False)
+    again.run(abc_steps(), dry_run=True)
+    manifest_path = Path(again.executor_info_path)
+    manifest_path.unlink()
+    before = executor.tree.utc_now_iso()
+
+    def slow_listener(event):  # the run takes a measurable time between its start and its end
+        if isinstance(event, RunFinished):
+            time.sleep(0.2)
+
+    again.listeners.append(slow_listener)
+    again.run(abc_steps())
+    manifest = json.loads(manifest_path.read_text())
+    assert before <= manifest["created_date"] <= manifest["finished_date"]
+    created, finished = (
+        datetime.datetime.fromisoformat(manifest[key].replace("Z", "+00:00"))
+        for key in ("created_date", "finished_date")
+    )
+    assert (finished - created).total_seconds() >= 0.19  # the start of the run, not of the write
+    assert manifest["python"] == sys.version.split()[0]
+    assert manifest["cwd"] == os.getcwd() and "packages" in manifest and "git" in manifest
+    assert {step["outcome"] for step in manifest["steps"]} == {"skipped"}
 
 
 def test_the_manifest_records_each_step_and_its_outcome(tmp_path):

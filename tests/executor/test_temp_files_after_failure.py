@@ -9,6 +9,7 @@ and the executor's own files stay, and nothing behind a symbolic link is touched
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -152,7 +153,7 @@ def fail_once_leaving_a_temp_file(config: LeftoverConfig) -> None:
         handle.write('{"whole": true}')
 
 
-def test_a_retried_step_marked_success_holds_no_temp_file_of_the_failed_attempt(tmp_path):
+def test_a_retried_step_marked_success_holds_no_temp_file_of_the_failed_attempt(tmp_path, caplog):
     ATTEMPTS.clear()
     step = ExecutorStep(
         name="leftover", fn=fail_once_leaving_a_temp_file, config=LeftoverConfig(this_output_path())
@@ -160,7 +161,10 @@ def test_a_retried_step_marked_success_holds_no_temp_file_of_the_failed_attempt(
     prefix = str(tmp_path / "prefix")
     with pytest.raises(ExecutorRunError):
         Executor(prefix, console=False).run([step])
-    output = Executor(prefix, console=False).run([step]).rows[0].output_path
+    with caplog.at_level(logging.INFO, logger="executor.runner"):
+        output = Executor(prefix, console=False).run([step]).rows[0].output_path
+    # The log says what was removed and from which step.
+    assert "step leftover: removed 1 temporary file(s) an earlier attempt left" in caplog.messages
 
     assert read_last_status(LocalStore(), output).status == Status.SUCCESS
     names = sorted(
