@@ -1,7 +1,7 @@
-"""Hand-applied mutants of the ninth session's fixes: each one removes or weakens a fix's key
-line, and the tests named next to it must then fail (docs/testing.md, ninth session).
+"""Hand-applied mutants of the ninth and tenth sessions' fixes: each one removes or weakens a
+fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
-    .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR]
+    .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
 
 Runs in a scratch copy (`git archive`), never in the working tree; prints one line per
 mutant (killed / SURVIVED / NOT FOUND when the code has changed since) and exits non-zero
@@ -164,6 +164,49 @@ MUTANTS = [
         "        except ValueError as error:\n            raise TreeFileError",
         "tests/marin",
     ),
+    # -- tenth session: worker threads started as steps wait, and the pinned mutmut survivors
+    (
+        "executor/runner.py",
+        "and time.monotonic() - self._queued[0] >= WORKER_START_DELAY_S",
+        "and True",
+        "tests/executor/test_worker_pool.py",
+    ),
+    (
+        "executor/runner.py",
+        "            if starved:\n                self._workers += 1\n        if starved:\n            self._start_worker()",
+        "            if starved:\n                self._workers += 1\n        if False:\n            self._start_worker()",
+        "tests/executor/test_worker_pool.py",
+    ),
+    (
+        "executor/runner.py",
+        "if not self._queued or self._workers >= self.max_concurrent:",
+        "if not self._queued or self._workers >= self.max_concurrent - 1:",
+        "tests/executor/test_worker_pool.py tests/executor/test_mutants_runner.py",
+    ),
+    (
+        "executor/runner.py",
+        "return len(self._queued) < self._idle + QUEUE_AHEAD",
+        "return True",
+        "tests/executor/test_worker_pool.py",
+    ),
+    (
+        "executor/runner.py",
+        "heartbeat=holder.heartbeat",
+        "heartbeat=None",
+        "tests/executor/test_leases.py::test_a_second_executor_waits_for_the_first_and_then_skips",
+    ),
+    (
+        "executor/executor.py",
+        "                        started,\n                        outcomes,",
+        "                        None,\n                        outcomes,",
+        "tests/executor/test_mutation_guards.py::test_a_cached_rerun_rewrites_a_missing_manifest_with_its_start_date_and_provenance",
+    ),
+    (
+        "executor/runner.py",
+        'earlier attempt left", row.name, removed)',
+        'earlier attempt left", removed)',
+        "tests/executor/test_temp_files_after_failure.py",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 
@@ -172,7 +215,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commit", default="HEAD")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a new temporary one)")
+    parser.add_argument("--only", default=None, help="run only the mutants of files whose path contains this")
     args = parser.parse_args()
+    mutants = [mutant for mutant in MUTANTS if args.only is None or args.only in mutant[0]]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     workdir = args.workdir or tempfile.mkdtemp(prefix="hand-mutants-")
     os.makedirs(workdir, exist_ok=True)
@@ -181,7 +226,7 @@ def main() -> int:
     ).stdout
     subprocess.run(["tar", "-x", "-C", workdir], input=archive, check=True)
     survived = 0
-    for path, old, new, tests in MUTANTS:
+    for path, old, new, tests in mutants:
         target = os.path.join(workdir, path)
         with open(target) as handle:
             original = handle.read()
@@ -215,7 +260,7 @@ def main() -> int:
         killed = result.returncode != 0
         survived += not killed
         print(f"{'killed' if killed else 'SURVIVED'}: {path}: {old[:70]!r}", flush=True)
-    print(f"{len(MUTANTS) - survived} of {len(MUTANTS)} caught (workdir {workdir})")
+    print(f"{len(mutants) - survived} of {len(mutants)} caught (workdir {workdir})")
     return 1 if survived else 0
 
 

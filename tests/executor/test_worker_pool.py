@@ -76,3 +76,20 @@ def test_blocked_steps_each_get_a_thread_up_to_max_concurrent(tmp_path):
     executor = Executor(str(tmp_path), console=False, lease_config=QUIET)
     executor.run([step(f"m{i}", meet, i) for i in range(6)], max_concurrent=6)
     assert len(threads) == 6
+
+
+def test_steps_are_queued_only_just_ahead_of_the_workers(tmp_path, monkeypatch):
+    # Twenty 50 ms steps on one worker: each queued step waits for at most the one before it
+    # (~50 ms), far less than the 0.5 s that starts a second worker. Had all twenty been
+    # queued at once, the later ones would wait ~1 s and start more threads for nothing.
+    monkeypatch.setattr(runner_module, "WORKER_START_DELAY_S", 0.5)
+    threads = []
+
+    def nap(config):
+        threads.append(threading.get_ident())
+        time.sleep(0.05)
+
+    executor = Executor(str(tmp_path), console=False, lease_config=QUIET)
+    executor.run([step(f"n{i}", nap, i) for i in range(20)])
+    assert len(threads) == 20
+    assert len(set(threads)) == 1
