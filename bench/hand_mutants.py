@@ -167,12 +167,6 @@ MUTANTS = [
     # -- tenth session: worker threads started as steps wait, and the pinned mutmut survivors
     (
         "executor/runner.py",
-        "and time.monotonic() - self._queued[0] >= WORKER_START_DELAY_S",
-        "and True",
-        "tests/executor/test_worker_pool.py",
-    ),
-    (
-        "executor/runner.py",
         "            if starved:\n                self._workers += 1\n        if starved:\n            self._start_worker()",
         "            if starved:\n                self._workers += 1\n        if False:\n            self._start_worker()",
         "tests/executor/test_worker_pool.py",
