@@ -210,6 +210,8 @@ class Executor:
                         "git": info["git"],
                         "python": info["python"],
                     }
+                if will_run:
+                    leases.wait_ready()  # (the keeper started above, meanwhile)
                 summary = runner.run()
                 outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
                 nothing_ran = all(outcome == Outcome.SKIPPED for outcome in summary.outcomes.values())

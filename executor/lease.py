@@ -368,6 +368,21 @@ class LeaseManager:
         if self.keeper_prefix is not None:
             self._keeper_client()
 
+    def wait_ready(self) -> None:
+        """Wait until the keeper process `start` began is up, so that the first step does not
+        wait for it inside its worker thread (where the wait made the runner start a thread
+        for each step queued behind it: a ~80 ms start-up is 16 times its 5 ms delay). A
+        keeper that failed to start is replaced, or given up for a thread, at the first lease
+        (`_tell_keeper`), as before."""
+        if self.keeper_prefix is None:
+            return
+        from executor.lease_keeper import KeeperGone
+
+        try:
+            self._keeper_client().wait_ready()
+        except KeeperGone as error:
+            logger.debug("the lease keeper did not start: %s", error)
+
     def close(self) -> None:
         """Stop heartbeating. Leases still held (a failed or interrupted run) are left to go
         stale, as if this driver had died."""

@@ -168,6 +168,11 @@ class LeaseKeeper:
         with contextlib.suppress(OSError):
             self._process.stdout.close()
 
+    def wait_ready(self) -> None:
+        """Block until the keeper is up (KeeperGone if it failed to start)."""
+        with self._lock:
+            self._await_ready()
+
     def _await_ready(self) -> None:
         """The first message waits for the keeper to say it is up (it has opened its store): a
         lease is never handed to a keeper that cannot keep it."""

@@ -93,3 +93,34 @@ def test_steps_are_queued_only_just_ahead_of_the_workers(tmp_path, monkeypatch):
     executor.run([step(f"n{i}", nap, i) for i in range(20)])
     assert len(threads) == 20
     assert len(set(threads)) == 1
+
+
+def test_a_slow_lease_keeper_start_does_not_start_a_thread_per_waiting_step(tmp_path, monkeypatch):
+    # The lease keeper (a process) takes ~0.1 s to come up. The run waits for it before the
+    # first step, not inside the first step's worker: there, the wait made every step queued
+    # behind it look starved, and the runner started a thread for each (then 40 threads
+    # shared quick steps, passing the GIL back and forth). Here the keeper takes 0.3 s.
+    import executor.lease_keeper as lease_keeper
+
+    monkeypatch.setattr(lease_keeper, "_KEEPERS", {})  # a keeper of this test's own
+    real_await = lease_keeper.LeaseKeeper._await_ready
+
+    def slow_await(self):
+        if not self._ready:
+            time.sleep(0.3)
+        real_await(self)
+
+    monkeypatch.setattr(lease_keeper.LeaseKeeper, "_await_ready", slow_await)
+    threads = []
+
+    def record(config):
+        threads.append(threading.get_ident())
+
+    executor = Executor(str(tmp_path), console=False, lease_config=LeaseConfig(heartbeat_process=True))
+    try:
+        executor.run([step(f"q{i}", record, i) for i in range(40)])
+    finally:
+        for keeper in lease_keeper._KEEPERS.values():
+            keeper.close()
+    assert len(threads) == 40
+    assert len(set(threads)) <= 2  # (a second one only if a step waited 5 ms on a busy machine)
