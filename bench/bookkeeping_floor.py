@@ -31,9 +31,12 @@ import fcntl
 import os
 import shutil
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402
 
 INFO = b"x" * 1400
 """About the size of a bench step's `.executor_info`."""
@@ -107,16 +110,6 @@ VARIANTS = {
 }
 
 
-def commit() -> str:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
@@ -140,7 +133,7 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     floor_name = next(iter(VARIANTS))
     print(
-        f"bookkeeping writes of {args.steps:,} cold steps at commit {commit()}, under "
+        f"bookkeeping writes of {args.steps:,} cold steps at commit {commit(('bench',))}, under "
         f"{args.tmp_dir or tempfile.gettempdir()}; medians of {args.rounds} rounds\n"
     )
     print("| variant | seconds | per step | x floor |")
