@@ -184,6 +184,12 @@ MUTANTS = [
         "tests/executor/test_worker_pool.py",
     ),
     (
+        "executor/executor.py",
+        "                    leases.wait_ready()",
+        "                    pass",
+        "tests/executor/test_worker_pool.py",
+    ),
+    (
         "executor/runner.py",
         "heartbeat=holder.heartbeat",
         "heartbeat=None",
