@@ -46,17 +46,14 @@ class _TeeStream:
 
     def write(self, text: str) -> int:
         sink = _sinks.get(threading.get_ident())
-        if self._original is None:  # started without a stdout/stderr (`>&-`): the log only
-            if sink is not None:
-                with contextlib.suppress(ValueError):
-                    sink.write(text)
-            return len(text)
         if sink is None:
-            return self._original.write(text)
+            # Not a step's output: as written (None: started without a stdout/stderr, `>&-`).
+            return len(text) if self._original is None else self._original.write(text)
         with contextlib.suppress(ValueError):
             sink.write(text)
-        # A step's output is in its log: a console that went away (`| head`) must not fail it.
-        with contextlib.suppress(OSError, ValueError):
+        # A step's output is in its log: a console that went away (`| head`) or was never
+        # there must not fail it.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             self._original.write(text)
         return len(text)
 

@@ -375,21 +375,22 @@ class Runner:
         """How long the main thread may wait for a report before it must check whether the
         oldest queued step still waits for a worker (None: no step waits, or no worker may start)."""
         with self._pool_lock:
-            if not self._queued or self._workers >= self.max_concurrent:
-                return None
-            return max(0.0, self._queued[0] + WORKER_START_DELAY_S - time.monotonic())
+            return self._worker_due_in()
 
     def _start_worker_if_starved(self) -> None:
         with self._pool_lock:
-            starved = (
-                bool(self._queued)
-                and self._workers < self.max_concurrent
-                and time.monotonic() - self._queued[0] >= WORKER_START_DELAY_S
-            )
+            starved = self._worker_due_in() == 0.0
             if starved:
                 self._workers += 1
         if starved:
             self._start_worker()
+
+    def _worker_due_in(self) -> float | None:
+        """Seconds until the oldest queued step has waited WORKER_START_DELAY_S (0.0: it has);
+        None if no step is queued or no more workers may start. Call under `_pool_lock`."""
+        if not self._queued or self._workers >= self.max_concurrent:
+            return None
+        return max(0.0, self._queued[0] + WORKER_START_DELAY_S - time.monotonic())
 
     def _start_worker(self) -> None:
         threading.Thread(target=self._worker_loop, daemon=True).start()
