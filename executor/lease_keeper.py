@@ -219,7 +219,7 @@ def with_fresh_heartbeat(previous: bytes) -> bytes:
     """
     try:
         record = json.loads(previous)
-    except ValueError:
+    except (ValueError, RecursionError):
         record = {}
     if not isinstance(record, dict):
         record = {}
@@ -237,7 +237,7 @@ def _worker(data: bytes, key: str = "worker") -> str | None:
     """The worker id in a status line (`worker`) or, with key="worker_id", in a lease."""
     try:
         return json.loads(data).get(key)
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
 
 

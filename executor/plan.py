@@ -157,8 +157,10 @@ def compile_run_only(patterns: Sequence[str] | None) -> list[re.Pattern] | None:
             )
         try:
             compiled.append(re.compile(pattern))
-        except re.error as error:
-            raise RunOnlyError(f"run_only: invalid regular expression {pattern!r}: {error}") from None
+        except (re.error, RecursionError) as error:  # RecursionError: groups nested thousands deep
+            shown = pattern if len(pattern) <= 200 else f"{pattern[:200]}... ({len(pattern):,} characters)"
+            why = error if isinstance(error, re.error) else "nested too deeply"
+            raise RunOnlyError(f"run_only: invalid regular expression {shown!r}: {why}") from None
     return compiled
 
 

@@ -152,8 +152,9 @@ def _select(tree: OutputTree, pattern: str | None) -> list[StepOutput]:
         return [step for _entry, step in tree.experiment_steps(experiment) if step is not None]
     try:
         regex = re.compile(pattern)
-    except re.error as error:
-        raise ValueError(f"{pattern!r} is neither an experiment nor a valid name pattern: {error}") from None
+    except (re.error, RecursionError) as error:  # RecursionError: groups nested thousands deep
+        why = error if isinstance(error, re.error) else "nested too deeply"
+        raise ValueError(f"{pattern[:200]!r} is neither an experiment nor a valid name pattern: {why}") from None
     return [step for step in tree.steps if regex.search(step.name)]
 
 
@@ -188,7 +189,7 @@ def _last_metrics(tail: str) -> dict[str, Any]:
     for line in tail.splitlines():
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict):
             last.update(record)

@@ -144,8 +144,9 @@ def predictions(tree: OutputTree, pattern: str | None = None) -> list[Prediction
     if pattern:
         try:
             regex = re.compile(pattern)
-        except re.error as error:
-            raise ValueError(f"{pattern!r} is not a valid name pattern: {error}") from None
+        except (re.error, RecursionError) as error:  # RecursionError: groups nested thousands deep
+            why = error if isinstance(error, re.error) else "nested too deeply"
+            raise ValueError(f"{pattern[:200]!r} is not a valid name pattern: {why}") from None
     steps = [
         step
         for step in tree.steps

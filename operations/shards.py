@@ -270,6 +270,18 @@ def remove_temp_files(directory: str) -> list[str]:
     return removed
 
 
+def _init_worker(driver: int, forked_by_driver: bool) -> None:
+    """Worker initializer: default signal handling, and an end with the driver."""
+    # A forked worker inherits the driver's handlers. The executor's SIGTERM handler raises
+    # in the main thread: `terminate()` would then fail the current shard, and the worker
+    # would take the next one. With the default action SIGTERM ends the worker. Ctrl-C in
+    # a terminal reaches the whole process group: the driver alone handles it, and stops
+    # the workers.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_driver(driver, forked_by_driver)
+
+
 def _die_with_driver(driver: int, forked_by_driver: bool) -> None:
     """Worker initializer: end this worker when the driver dies.
 
@@ -384,7 +396,7 @@ def map_shards(
             pool = ProcessPoolExecutor(
                 max_workers=workers,
                 mp_context=context,
-                initializer=_die_with_driver,
+                initializer=_init_worker,
                 initargs=(os.getpid(), context.get_start_method() != "forkserver"),
             )
             try:

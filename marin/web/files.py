@@ -29,6 +29,8 @@ import importlib
 import io
 import json
 import lzma
+import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -125,9 +127,23 @@ def is_json_lines(name: str) -> bool:
 
 @contextlib.contextmanager
 def open_raw(store: Store, target: Target) -> Iterator[IO[bytes]]:
-    """The file's bytes as a seekable stream (local file, or fsspec's block-cached reader)."""
+    """The file's bytes as a seekable stream (local file, or fsspec's block-cached reader).
+
+    On local disk only a regular file is read. O_NONBLOCK: a FIFO in the tree opens at once
+    instead of holding a connection until some writer comes; it, a device or a socket is
+    then refused (a character device such as /dev/zero would stream without end)."""
     if target.local is not None:
-        with open(target.local, "rb") as handle:
+        fd = os.open(target.local, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Refused(
+                    403, f"{target.relpath}: not a regular file (a pipe, device, socket or directory)"
+                )
+            handle = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        with handle:
             yield handle
     else:
         with store.fs.open(store.fs_path(target.path), "rb") as handle:
@@ -225,8 +241,6 @@ def iter_lines(stream: IO[bytes], start: int = 0) -> Iterator[tuple[int, bytes, 
 def file_size(store: Store, target: Target) -> int | None:
     try:
         if target.local is not None:
-            import os
-
             return os.path.getsize(target.local)
         return int(store.fs.size(store.fs_path(target.path)))
     except (OSError, ValueError, TypeError):
@@ -272,8 +286,8 @@ def _json_page(store: Store, target: Target, size: int) -> Page | None:
         data = raw.read(JSON_PRETTY_MAX + 1)
     try:
         value = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None  # not JSON after all: shown as text
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None  # not JSON after all (or nested deeper than the parser goes): shown as text
     return Page("json", 0, text=json.dumps(value, indent=2, ensure_ascii=False), size=size)
 
 
@@ -341,45 +355,26 @@ def _text_page(store: Store, target: Target, offset: int, size: int | None) -> P
 
 
 def _parquet_page(store: Store, target: Target, offset: int, limit: int, size: int | None) -> Page:
-    pq = _optional("pyarrow.parquet", "parquet files")
+    _optional("pyarrow.parquet", "parquet files")
+    source = target.local if target.local is not None else target.path
+    if source.startswith("memory://"):  # lives in this process only: no preview process can open it
+        return Page("binary", 0, size=size, note="parquet files of a memory:// tree are not previewed")
+    from .parquet_preview import read_rows
 
-    with open_raw(store, target) as raw:
-        try:
-            parquet = pq.ParquetFile(raw)
-        except Exception as error:  # pyarrow raises its own error types for bad files
-            return Page("binary", 0, size=size, note=f"not a readable parquet file: {error}")
-        total = parquet.metadata.num_rows
-        columns = list(parquet.schema_arrow.names)
-        groups, skip, seen = [], 0, 0
-        for index in range(parquet.num_row_groups):
-            count = parquet.metadata.row_group(index).num_rows
-            if seen + count > offset and seen < offset + limit:
-                if not groups:
-                    skip = offset - seen
-                groups.append(index)
-            seen += count
-        rows: list[list[Any]] = []
-        if groups:
-            for batch in parquet.iter_batches(batch_size=max(limit, 1024), row_groups=groups):
-                records = batch.to_pylist()
-                if skip >= len(records):
-                    skip -= len(records)
-                    continue
-                for record in records[skip:]:
-                    rows.append([record.get(column) for column in columns])
-                    if len(rows) == limit:
-                        break
-                skip = 0
-                if len(rows) == limit:
-                    break
+    result = read_rows(source, offset, limit)
+    if result.error is not None:
+        return Page("binary", 0, size=size, note=result.error)
+    if result.stopped is not None:
+        return Page("stopped", offset, size=size, note=result.stopped)
+    end = offset + len(result.rows)
     return Page(
         "table",
         offset,
-        next_offset=offset + len(rows) if offset + len(rows) < total else None,
+        next_offset=end if result.more or end < result.total else None,
         prev_offset=max(0, offset - limit) if offset > 0 else None,
-        columns=columns,
-        rows=rows,
-        total=total,
+        columns=result.columns,
+        rows=result.rows,
+        total=result.total,
         size=size,
     )
 
@@ -403,6 +398,6 @@ def iter_records(store: Store, target: Target, start: int = 0) -> Iterator[tuple
                 try:
                     value = json.loads(data)
                     record = value if isinstance(value, dict) else None
-                except ValueError:
+                except (ValueError, RecursionError):
                     record = None
             yield number, record

@@ -663,7 +663,7 @@ class App:
                 continue
             try:
                 value = json.loads(text) if not cut else None
-            except ValueError:
+            except (ValueError, RecursionError):
                 value = None
             if not isinstance(value, dict):
                 parts.append(
@@ -986,7 +986,7 @@ def _line_html(number: int, text: str, cut: bool) -> str:
     note = ' <span class="muted">(line cut: longer than 1 MiB)</span>' if cut else ""
     try:
         value = json.loads(text) if not cut else None
-    except ValueError:
+    except (ValueError, RecursionError):
         value = None
     if isinstance(value, dict) and isinstance(value.get("text"), str):
         rest = {key: val for key, val in value.items() if key not in ("text", "id")}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import html
 import http.client
+import json
+import os
 import socket
 import threading
 import time
@@ -17,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from executor.store import open_store
-from marin.web import files, start_server
-from marin.web.safety import PrefixGuard
+from marin import leaderboard
+from marin.web import files, pages, parquet_preview, start_server
+from marin.web.safety import PrefixGuard, Refused
 
 BURST = 200
 IDLE = 300
@@ -281,3 +284,127 @@ def test_a_line_page_cut_by_the_read_limit_says_so(tmp_path, monkeypatch):
         assert html.escape(page.note).encode() in body
     finally:
         server.shutdown()
+
+
+# -- hostile files: pipes, devices, deep JSON, parquet bombs ------------------------------------
+DEEP = 100_000
+"""Nesting far past what Python's JSON parser recurses into (about 1,000)."""
+
+
+def test_a_fifo_in_the_tree_is_refused_without_waiting_for_a_writer(prefix):
+    """`/raw/` of a FIFO once opened it blocking: each request held a connection slot for
+    good, until the browser answered 503 to everyone."""
+    os.mkfifo(prefix / "pipe.jsonl")
+    server = start_server(str(prefix), port=0).start_in_thread()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _i: get(server.port, "/raw/pipe.jsonl", timeout=10), range(16)))
+        assert {status for status, _body in answers} == {403}
+        assert b"not a regular file" in answers[0][1]
+        status, body = get(server.port, "/raw/hello.txt")
+        assert (status, body) == (200, b"hello\n")
+        status, _body = get(server.port, "/file/pipe.jsonl")
+        assert status in (200, 403)  # its size says empty, or it is refused: never a wait
+    finally:
+        server.shutdown()
+
+
+def test_open_raw_refuses_what_is_not_a_regular_file(prefix):
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    (prefix / "dir").mkdir()
+    os.symlink("/dev/zero", prefix / "zero.txt")  # a device reached through a link inside the tree
+    for name in ["dir", "zero.txt"]:
+        target = guard.resolve(name) if name == "dir" else None
+        if target is None:
+            target = files.Target(relpath=name, path=f"{prefix}/{name}", local="/dev/zero")
+        with pytest.raises(Refused) as refused, files.open_raw(guard.store, target):
+            pass
+        assert refused.value.status == 403 and "not a regular file" in refused.value.message
+
+
+def test_json_nested_past_the_parser_is_shown_as_text_not_an_error(prefix):
+    deep = "[" * DEEP + "]" * DEEP
+    (prefix / "deep.json").write_text(deep)
+    document = json.dumps({"id": "doc-1", "text": "a readable document"})
+    (prefix / "docs.jsonl").write_text(f"{document}\n{deep}\n{document.replace('doc-1', 'doc-2')}\n")
+    server = start_server(str(prefix), port=0).start_in_thread()
+    try:
+        status, body = get(server.port, "/file/deep.json")
+        assert status == 200 and b"[[[[" in body
+        status, body = get(server.port, "/file/docs.jsonl")
+        assert status == 200 and b"doc-1" in body and b"doc-2" in body, body[-2000:]
+    finally:
+        server.shutdown()
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    records = list(files.iter_records(guard.store, guard.resolve("docs.jsonl")))
+    assert [record and record["id"] for _number, record in records] == ["doc-1", None, "doc-2"]
+    assert "doc-1" in pages._line_html(0, document, False)
+    assert "[[[[" in pages._line_html(1, deep, False)
+    assert leaderboard._last_metrics(f'{{"loss": 2.0}}\n{deep}\n{{"step": 3}}\n') == {"loss": 2.0, "step": 3}
+
+
+def write_parquet(path: Path, rows: list[dict], row_group_size: int | None = None) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=row_group_size, compression="zstd")
+
+
+def test_a_parquet_page_bomb_stops_in_the_preview_process(prefix, monkeypatch):
+    """A parquet data page is decoded whole, however few rows are asked for: a file of a few
+    hundred KB declares a page bigger than the preview process may use. Here the limit is
+    lowered to 128 MiB and the page is 192 MiB (the default is 512 MiB; the test keeps its
+    own memory small)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(parquet_preview, "MEMORY_LIMIT_BYTES", 128 << 20)
+    value = "a" * (4 << 20)
+    table = pa.table({"text": pa.array([value] * 48, pa.large_string())})
+    pq.write_table(table, prefix / "bomb.parquet", compression="zstd", use_dictionary=False)
+    del table
+    assert (prefix / "bomb.parquet").stat().st_size < 1 << 20
+    metadata = pq.ParquetFile(prefix / "bomb.parquet").metadata
+    assert metadata.row_group(0).total_byte_size > 192 << 20
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    started = time.monotonic()
+    page = files.read_page(guard.store, guard.resolve("bomb.parquet"), 0, 5)
+    assert time.monotonic() - started < parquet_preview.WALL_SECONDS
+    assert page.kind == "stopped", page
+    assert "more than 128 MiB of memory" in page.note and "raw" in page.note
+    server = start_server(str(prefix), port=0).start_in_thread()
+    try:
+        status, body = get(server.port, "/file/bomb.parquet")
+        assert status == 200 and b"more than 128 MiB of memory" in body
+        assert get(server.port, "/raw/hello.txt") == (200, b"hello\n")
+    finally:
+        server.shutdown()
+
+
+def test_parquet_cells_and_pages_are_bounded(prefix):
+    columns = {f"c{index}": "x" * 5000 for index in range(20)}
+    write_parquet(prefix / "wide.parquet", [{"id": row, **columns} for row in range(1000)], 250)
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    page = files.read_page(guard.store, guard.resolve("wide.parquet"), 10, 1000)
+    assert page.kind == "table" and page.total == 1000
+    assert page.rows[0][0] == "10"
+    cell = page.rows[0][1]
+    assert cell == "x" * parquet_preview.CELL_CHARS + "\u2026"
+    kept = sum(len(cell) for row in page.rows for cell in row)
+    assert len(page.rows) < 990 and kept < parquet_preview.MAX_PAGE_BYTES + 21 * 1001
+    assert page.next_offset == 10 + len(page.rows)
+
+
+def test_a_parquet_preview_that_does_not_answer_in_time_is_stopped(prefix, monkeypatch):
+    write_parquet(prefix / "rows.parquet", [{"id": 1}])
+    monkeypatch.setattr(parquet_preview, "WALL_SECONDS", 0.0)
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    page = files.read_page(guard.store, guard.resolve("rows.parquet"))
+    assert page.kind == "stopped" and "without an answer" in page.note
+
+
+def test_a_file_that_is_not_parquet_says_so(prefix):
+    (prefix / "fake.parquet").write_bytes(b"PAR1" + os.urandom(3000) + b"PAR1")
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    page = files.read_page(guard.store, guard.resolve("fake.parquet"))
+    assert page.kind == "binary" and "parquet" in page.note, page

@@ -27,9 +27,14 @@ SHARDS = 4
 WORKERS = 2
 HOLD_SECONDS = 120  # far past every deadline below: a worker alive at a deadline was not stopped
 FAKE_JAX_ENV = "MARIN_TEST_SHARD_FAKE_JAX"
+SIGTERM_HANDLER_ENV = "MARIN_TEST_SHARD_SIGTERM_HANDLER"
 DRIVER = f"""
 import os, signal, sys, types
 signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the test runner ignores SIGINT
+if os.environ.get("{SIGTERM_HANDLER_ENV}"):  # as executor.executor does for a run
+    def _terminated(signum, frame):
+        raise SystemExit("terminated")
+    signal.signal(signal.SIGTERM, _terminated)
 if os.environ.get("{FAKE_JAX_ENV}"):
     sys.modules["jax"] = types.ModuleType("jax")  # map_shards then starts workers from a fork server
 from operations.shards import map_shards
@@ -95,14 +100,17 @@ class HeldDriver:
     """A driver process mapping `numbered_shard` over SHARDS shards, stopped with workers
     holding the odd shards half-written."""
 
-    def __init__(self, tmp_path: Path, forkserver: bool = False):
+    def __init__(self, tmp_path: Path, forkserver: bool = False, sigterm_handler: bool = False):
         self.out = tmp_path / "out"
         self.holds = tmp_path / "holds"
         self.holds.mkdir()
         env = {**os.environ, HOLD_ENV: str(self.holds), "PYTHONPATH": str(REPO)}
         env.pop(FAKE_JAX_ENV, None)
+        env.pop(SIGTERM_HANDLER_ENV, None)
         if forkserver:
             env[FAKE_JAX_ENV] = "1"
+        if sigterm_handler:
+            env[SIGTERM_HANDLER_ENV] = "1"
         self.process = subprocess.Popen(
             [sys.executable, "-c", DRIVER, str(self.out)],
             cwd=REPO,
@@ -156,6 +164,43 @@ def test_ctrl_c_in_the_driver_stops_its_workers_at_once(held_driver):
     held_driver.process.wait(timeout=20)  # not after the held shards (HOLD_SECONDS)
     assert b"KeyboardInterrupt" in held_driver.process.stderr.read()
     assert not any(alive(pid) for pid in pids)
+
+
+def test_sigterm_ends_a_worker_even_when_the_driver_handles_sigterm(tmp_path):
+    """A worker forked by a driver that handles SIGTERM (the executor does, for every run)
+    must not inherit the handler: `terminate()` would only fail its shard, and the worker
+    would live on, waiting for the next one."""
+    driver = HeldDriver(tmp_path, sigterm_handler=True)
+    try:
+        pids = driver.worker_pids()
+        os.kill(pids[0], signal.SIGTERM)
+        wait_until(lambda: not alive(pids[0]), 10, f"worker {pids[0]} gone after SIGTERM")
+        assert driver.process.wait(timeout=30) != 0
+        err = driver.process.stderr.read().decode()
+        assert "a worker process died (killed, or out of memory?) with " in err, err[-2000:]
+        wait_until(lambda: not any(alive(pid) for pid in pids), 10, "workers gone")
+    finally:
+        driver.close()
+
+
+def test_ctrl_c_to_the_process_group_is_handled_by_the_driver_alone(tmp_path):
+    """Ctrl-C in a terminal signals the driver and its workers: the workers ignore it (a
+    KeyboardInterrupt in a worker would fail its shard, and the worker would live on), and
+    the driver alone decides to stop them."""
+    driver = HeldDriver(tmp_path, sigterm_handler=True)
+    try:
+        pids = driver.worker_pids()
+        for pid in pids:  # what the terminal does, without signalling the test runner's group
+            os.kill(pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert all(alive(pid) for pid in pids), "workers should ignore SIGINT"
+        assert driver.process.poll() is None, driver.process.stderr.read().decode()[-2000:]
+        driver.process.send_signal(signal.SIGINT)
+        driver.process.wait(timeout=20)
+        assert b"KeyboardInterrupt" in driver.process.stderr.read()
+        wait_until(lambda: not any(alive(pid) for pid in pids), 10, "workers gone")
+    finally:
+        driver.close()
 
 
 @pytest.mark.parametrize("killed", ["driver", "worker"])
