@@ -154,6 +154,11 @@ def only_the_script(tmp_path: Path) -> None:
         (["--run_only", "["], ["--run_only", "invalid regular expression '['"]),
         (["--run_only", '["a", "("]'], ["--run_only", "invalid regular expression '('"]),
         (["--run_only", "[1, 2]"], ["--run_only '[1, 2]'", "JSON list of regexes"]),
+        (["--run_only", "[" * 5000 + "]" * 5000], ["--run_only: a JSON list nested too deeply"]),
+        (
+            ["--run_only", "(" * 5000 + ")" * 5000],
+            ["--run_only: invalid regular expression", "nested too deeply"],
+        ),
         (["--dry_run", "maybe"], ["--dry_run", "'maybe'", "true or false"]),
         (["--force_run_failed", "perhaps"], ["--force_run_failed", "'perhaps'"]),
         (["--no_such_flag", "1"], ["unrecognized arguments: --no_such_flag 1"]),

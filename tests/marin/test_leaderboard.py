@@ -144,6 +144,13 @@ def test_the_command_prints_the_table_and_refuses_a_bad_pattern(board, capsys):
     assert "2.9000" in first and "train.learning_rate=0.003" in first
     assert marin(["leaderboard", "([", "--prefix", board]) == 2
     assert "valid name pattern" in capsys.readouterr().err
+    assert (
+        marin(["leaderboard", "(" * 5000 + ")" * 5000, "--prefix", board]) == 2
+    )  # past the parser's recursion
+    assert "valid name pattern: nested too deeply" in capsys.readouterr().err
+    nested = "(" * 5000 + ")" * 5000
+    assert App(board).handle(f"/leaderboard?q={nested}").status == 400
+    assert App(board).handle(f"/predictions?q={nested}").status == 400
 
 
 def test_the_browser_page_shows_the_same_ranking(board):
