@@ -154,7 +154,9 @@ def _select(tree: OutputTree, pattern: str | None) -> list[StepOutput]:
         regex = re.compile(pattern)
     except (re.error, RecursionError) as error:  # RecursionError: groups nested thousands deep
         why = error if isinstance(error, re.error) else "nested too deeply"
-        raise ValueError(f"{pattern[:200]!r} is neither an experiment nor a valid name pattern: {why}") from None
+        raise ValueError(
+            f"{pattern[:200]!r} is neither an experiment nor a valid name pattern: {why}"
+        ) from None
     return [step for step in tree.steps if regex.search(step.name)]
 
 

@@ -149,9 +149,12 @@ class _Handler(BaseHTTPRequestHandler):
         """A server on loopback answers only to loopback names (no DNS rebinding)."""
         if not self.server.loopback_only:
             return True
-        host = self.headers.get("Host")
-        if host is None:
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) > 1:
+            return False  # which one a proxy or client library honours is anyone's guess
+        if not hosts:
             return True  # HTTP/1.0 clients may omit it; nothing to rebind
+        host = hosts[0]
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return _is_loopback(name)
 

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import re
+import socket
 import sys
 import tracemalloc
 import uuid
@@ -198,6 +199,13 @@ def test_foreign_host_header_is_refused(server):
     assert request(server, "/", headers={"Host": "attacker.example"})[0] == 403
     assert request(server, "/", headers={"Host": f"localhost:{server.port}"})[0] == 200
     assert request(server, "/", headers={"Host": f"127.0.0.1:{server.port}"})[0] == 200
+    # Two Host headers, the first a loopback name: refused, whichever one a client would honour.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\nHost: attacker.example\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.0 403"), reply[:200]
 
 
 def test_bad_query_values(server, web_tree):
