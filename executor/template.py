@@ -167,6 +167,8 @@ class TrustedCode:
         parts = name.split(".")
         if not all(part.isidentifier() for part in parts):
             raise TemplateError(f"{name!r} is not a module name")
+        if "__main__" in parts:  # importing a package's __main__ runs its program
+            raise TemplateError(f"{name!r} is a program's __main__ module: refused")
         for end in range(1, len(parts) + 1):
             prefix = ".".join(parts[:end])
             if prefix in sys.modules:
@@ -186,6 +188,13 @@ class TrustedCode:
                     raise TemplateError(
                         f"module {prefix!r} would be imported from {location}, which is neither "
                         f"{self.describe_allowed()} nor installed code: refused"
+                    )
+                if not self.may_run(os.path.realpath(location)) and parts[0] not in sys.modules:
+                    # Installed code runs when imported (`antigravity` opens a web browser): a
+                    # tree may name it only inside a package the code being reproduced loaded.
+                    raise TemplateError(
+                        f"module {prefix!r} is installed code that nothing loaded so far imports "
+                        f"(neither {self.describe_allowed()} nor a package they imported): refused"
                     )
             try:
                 importlib.import_module(prefix)

@@ -158,6 +158,22 @@ def _git_record(step: StepOutput) -> dict[str, Any]:
     return git if isinstance(git, dict) else {}
 
 
+def _refuse_working_directory_in(tree: OutputTree) -> None:
+    """Refuse to run from inside the tree read: the working directory goes first on the import
+    path (the experiment script's imports, and `python -c` helper processes), and git runs
+    there. A file the tree holds (`random.py`, a `.git` whose config runs a command) would
+    then run as code."""
+    local = tree.store.local_path(tree.prefix)
+    if local is None:
+        return
+    root, here = os.path.realpath(local), os.path.realpath(os.getcwd())
+    if here == root or here.startswith(root.rstrip("/") + "/"):
+        raise ReproduceError(
+            f"the working directory {os.getcwd()} is inside the tree being read ({tree.prefix}); "
+            "its files could be imported or run as code. Run marin reproduce from your own checkout"
+        )
+
+
 def checkout_root() -> str:
     """The git checkout `marin reproduce` runs from (the current directory outside git)."""
     return git_state(os.getcwd()).get("root") or os.getcwd()
@@ -516,6 +532,7 @@ def reproduce(
             raise ReproduceError(
                 f"--into {new_prefix} overlaps the tree the output lives in ({tree.prefix}); give a fresh prefix"
             )
+    _refuse_working_directory_in(tree)
     steps = _closure(tree, target)
     report = ReproduceReport(target=target.path, new_prefix=new_prefix, steps=[s.name for s in steps])
     checkout = checkout_root()

@@ -74,7 +74,18 @@ class Rows:
 def read_rows(source: str, offset: int, limit: int) -> Rows:
     """Rows `offset`..`offset + limit` of the parquet file at `source` (a local path or URL)."""
     limits = [str(MEMORY_LIMIT_BYTES), str(CPU_SECONDS)]
-    command = [sys.executable, "-m", "marin.web.parquet_preview", source, str(offset), str(limit), *limits]
+    # -P: the working directory (perhaps inside the tree browsed) is not put on sys.path, so
+    # no file of the tree can be imported as a module by the preview.
+    command = [
+        sys.executable,
+        "-P",
+        "-m",
+        "marin.web.parquet_preview",
+        source,
+        str(offset),
+        str(limit),
+        *limits,
+    ]
     with _slots:
         process = subprocess.Popen(
             command,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -173,3 +174,22 @@ def test_a_bytes_field_of_the_wrong_type_is_named_once():
     assert "is not hex" not in str(refused.value) and "'__bytes__'" in str(refused.value)
     with pytest.raises(TemplateError, match="'__bytes__' is not hex"):
         decode_template({"__bytes__": "zz"}, lambda path: None)
+
+
+@pytest.mark.parametrize("module", ["venv.__main__", "unittest.__main__", "json.tool.__main__"])
+def test_a_programs_main_module_is_never_imported(module):
+    """Importing `venv.__main__` runs venv's command line (on marin's own arguments)."""
+    with pytest.raises(TemplateError, match="a program's __main__ module: refused"):
+        TrustedCode(checkout=REPO, installed=[os.path.dirname(os.__file__)]).resolve(f"{module}:X", "x")
+    assert module not in sys.modules
+
+
+def test_installed_modules_come_only_from_packages_already_loaded():
+    """Installed code runs when imported: a name from a tree reaches it only inside a top-level
+    package that the code being reproduced has imported already."""
+    policy = TrustedCode(checkout=REPO, installed=[os.path.dirname(os.__file__)])
+    assert "antigravity" not in sys.modules
+    with pytest.raises(TemplateError, match="installed code that nothing loaded so far imports"):
+        policy.resolve("antigravity:X", "x")
+    assert "antigravity" not in sys.modules
+    assert policy.resolve("json.decoder:JSONDecoder", "x") is json.decoder.JSONDecoder  # json is loaded

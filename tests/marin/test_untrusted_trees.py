@@ -374,3 +374,68 @@ def test_a_log_that_is_a_device_or_a_link_out_is_not_read(capsys, tree):
     os.mkfifo(log)
     code, out, _ = marin(capsys, "show", "--prefix", tree, "notes/first")
     assert code == 0 and "is not a regular file" in out
+
+
+# -- the working directory inside the tree, and installed modules named by a tree ---------------
+def test_reproduce_refuses_to_run_from_inside_the_tree(capsys, tree, tmp_path, monkeypatch):
+    """From inside the tree, its files would come first on the import path (a `random.py`
+    there ran on `import random`) and git would read its `.git` (a `core.fsmonitor` there ran
+    a command): refused before anything is imported or git runs."""
+    sentinel = tmp_path / "planted-ran"
+    (tmp_path / "tree" / "random.py").write_text(f"open({str(sentinel)!r}, 'w').close()\n")
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {sentinel}.git\n")
+    hook.chmod(0o755)
+    git = ["git", "-C", tree, "-c", "user.name=x", "-c", "user.email=x@example.com"]
+    subprocess.run(["git", "init", "-q", tree], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    subprocess.run([*git, "config", "core.fsmonitor", str(hook)], check=True)
+    for where in [tree, os.path.join(note_dir(tree))]:
+        monkeypatch.chdir(where)
+        code, out, err = marin(
+            capsys, "reproduce", "notes/first", "--prefix", tree, "--into", str(tmp_path / "again")
+        )
+        assert code == 2, out + err
+        assert "is inside the tree being read" in err and "from your own checkout" in err, err
+    assert not sentinel.exists() and not os.path.exists(f"{sentinel}.git")
+    assert not (tmp_path / "again").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("antigravity:X", "installed code that nothing loaded so far imports"),  # opens a web browser
+        ("this:X", "installed code that nothing loaded so far imports"),  # prints the Zen of Python
+    ],
+)
+def test_installed_modules_with_import_side_effects_are_not_imported(capsys, tree, tmp_path, name, why):
+    info = edit(tree, set_text({"__dataclass__": name, "fields": {}}))
+    code, out, err = run_isolated(tree, tmp_path)
+    assert code == 2, out + err
+    assert info in err and "field 'text'" in err and name in err and why in err, err
+    assert "Zen of Python" not in out and "usage:" not in err
+
+
+def run_isolated(tree: str, tmp_path) -> tuple[int, str, str]:
+    """`marin reproduce` in a fresh process: what it imports cannot leak from the tests' own."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "marin.cli",
+            "reproduce",
+            "notes/first",
+            "--prefix",
+            tree,
+            "--into",
+            str(tmp_path / "again"),
+            "--allow-code-changes",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "BROWSER": f"touch {tmp_path / 'browser-ran'}"},
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        check=False,
+    )
+    assert not (tmp_path / "browser-ran").exists()
+    return result.returncode, result.stdout, result.stderr

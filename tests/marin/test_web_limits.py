@@ -408,3 +408,17 @@ def test_a_file_that_is_not_parquet_says_so(prefix):
     guard = PrefixGuard(str(prefix), open_store(str(prefix)))
     page = files.read_page(guard.store, guard.resolve("fake.parquet"))
     assert page.kind == "binary" and "parquet" in page.note, page
+
+
+def test_a_parquet_preview_imports_nothing_from_the_working_directory(prefix, monkeypatch):
+    """`marin browse` run from inside the tree: the preview process must not import the
+    tree's files as modules (`python -m` puts the working directory first on sys.path)."""
+    write_parquet(prefix / "rows.parquet", [{"id": 1}])
+    sentinel = prefix.parent / "planted-ran"
+    for module in ["typing", "ast", "uuid", "marin"]:
+        (prefix / f"{module}.py").write_text(f"open({str(sentinel)!r}, 'w').close()\n")
+    monkeypatch.chdir(prefix)
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    page = files.read_page(guard.store, guard.resolve("rows.parquet"))
+    assert page.kind == "table" and page.rows == [["1"]], page
+    assert not sentinel.exists()
