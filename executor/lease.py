@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from executor.store import Store
+from executor.store import NotRegularFileError, Store
 from executor.tree import LeaseRecord, lease_path
 
 logger = logging.getLogger(__name__)
@@ -169,9 +169,24 @@ class AcquireResult:
     """When not acquired: the current holder. When acquired: the stale lease taken over, if any."""
 
 
+MAX_LEASE_BYTES = 64 * 1024
+"""The most of a lease file read (a lease is ~100 bytes): a bigger one is not a lease."""
+
+
 def read_lease(store: Store, output_path: str) -> LeaseRecord | None:
-    """The lease of a step output, or None when there is none (or it cannot be read)."""
-    return LeaseRecord.parse(store.read_bytes(lease_path(output_path)))
+    """The lease of a step output, or None when there is none (or it cannot be read as one).
+
+    A directory in the lease's place, or a file too big to be a lease, raises
+    NotRegularFileError: no lease could ever be written there, and waiting for one hung the
+    run; the plan makes it this step's error instead."""
+    path = lease_path(output_path)
+    try:
+        data, whole = store.read_tail(path, MAX_LEASE_BYTES)
+    except IsADirectoryError:
+        raise NotRegularFileError(path, "it is a directory, not a regular file") from None
+    if not whole:
+        raise NotRegularFileError(path, f"it is over {MAX_LEASE_BYTES:,} bytes long, which no lease is")
+    return LeaseRecord.parse(data)
 
 
 MAX_CLOCK_AHEAD_S = 86400.0

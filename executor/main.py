@@ -442,7 +442,9 @@ def _parse_run_only(text: str) -> list[str]:
         except json.JSONDecodeError:
             value = None  # not JSON: a regex that starts with a character class, e.g. '[ab]c'
         except RecursionError:
-            raise UsageError(f"--run_only: a JSON list nested too deeply ({len(text):,} characters)") from None
+            raise UsageError(
+                f"--run_only: a JSON list nested too deeply ({len(text):,} characters)"
+            ) from None
         if value is not None:
             if isinstance(value, list) and all(isinstance(item, str) for item in value):
                 return value

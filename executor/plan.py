@@ -44,6 +44,7 @@ from executor.tree import (
     Status,
     StatusEvent,
     StatusFileError,
+    info_path,
     lease_path,
     read_info,
     read_last_status,
@@ -399,9 +400,12 @@ def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> Pla
     changes: tuple[str, ...] = ()
     stored_digest = event.extra.get("config_digest")
     if stored_digest is not None and stored_digest != step.config_digest:
-        info = read_info(store, step.output_path) or {}
-        diff = diff_flat(flatten(recorded_config(info)), flatten(step.config_record), skip_unset=True)
-        changes = tuple(change.describe() for change in diff)
+        info = read_info(store, step.output_path)
+        if info is None:  # not "every field added": which ones differ is unknown
+            changes = (f"which ones is unknown: {info_path(step.output_path)} cannot be read",)
+        else:
+            diff = diff_flat(flatten(recorded_config(info)), flatten(step.config_record), skip_unset=True)
+            changes = tuple(change.describe() for change in diff)
     return record(PlannedStep, {**_SKIPPED_ROW, "step": step, "unversioned_changes": changes})
 
 

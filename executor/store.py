@@ -155,6 +155,13 @@ class Store:
                 kind = "bucket"
             if kind is None and retry.unreachable(error):
                 raise StoreError(retry.unreachable_message(self.protocol, path, error)) from error
+            if (
+                kind is None and type(error).__name__ == "ParamValidationError"
+            ):  # botocore, before any request
+                why = " ".join(str(error).split())  # botocore spreads it over lines
+                raise StoreError(
+                    f"{path}: the S3 client refuses it ({why}); check the bucket name"
+                ) from error
             if kind is None:
                 raise
             raise StoreError(retry.permanent_message(kind, self.protocol, path, error)) from error
@@ -958,8 +965,16 @@ def open_store(prefix: str) -> Store:
 
 
 def normalize_prefix(prefix: str) -> str:
-    """Make a local prefix absolute once, so status and outputs can never diverge."""
+    """Make a local prefix absolute once, so status and outputs can never diverge.
+
+    A URL must name a location after its scheme: `s3://` alone became `s3:` and so a local
+    directory of that name, and `s3:///x` names no bucket."""
     if is_local(prefix):
         local = prefix[len("file://") :] if prefix.startswith("file://") else prefix
         return os.path.abspath(os.path.expanduser(local)).rstrip("/") or "/"
+    scheme, _, rest = prefix.partition("://")
+    if scheme != "memory" and (not rest.strip("/") or rest.startswith("/")):
+        raise StoreError(
+            f"prefix {prefix!r} names no bucket or location after {scheme}://; give one, e.g. {scheme}://bucket/path"
+        )
     return prefix.rstrip("/")

@@ -525,6 +525,11 @@ def info_json(record: dict[str, Any]) -> str:
     return "{\n" + fields + "\n}\n"
 
 
+MAX_INFO_BYTES = 16 << 20
+"""The most of a step's `.executor_info` the executor reads (real ones hold a few KB; a
+config's versioned part is limited to much less, see `executor.fingerprint`)."""
+
+
 def read_info(store: Store, output_path: str) -> dict[str, Any] | None:
     """The step's `.executor_info`, or None when it is missing or not a JSON object.
 
@@ -532,10 +537,13 @@ def read_info(store: Store, output_path: str) -> dict[str, Any] | None:
     an unreadable one costs an explanation, never a run. Storage failures still raise.
     """
     try:
-        data = store.read_bytes(info_path(output_path))
-    except NotRegularFileError:  # a link or FIFO in its place: unreadable, as bad JSON is
+        data, whole = store.read_tail(info_path(output_path), MAX_INFO_BYTES)
+    except (
+        NotRegularFileError,
+        IsADirectoryError,
+    ):  # a link or FIFO in its place: unreadable, as bad JSON is
         return None
-    if data is None:
+    if data is None or not whole:  # a file of hundreds of MB is not read into memory
         return None
     try:
         record = json.loads(data)

@@ -274,6 +274,22 @@ def test_an_unknown_storage_scheme_is_a_usage_error_naming_the_url(tmp_path):
     only_the_script(tmp_path)
 
 
+@pytest.mark.parametrize("prefix", ["s3://", "gs://", "s3:///out", "gs:////"])
+def test_a_url_without_a_bucket_is_a_usage_error_not_a_local_directory(tmp_path, prefix):
+    """`s3://` alone became `s3:`: the run wrote everything to a local directory of that name."""
+    result = run_study(tmp_path, "--prefix", prefix)
+    error_line(result, 2, f"prefix {prefix!r} names no bucket")
+    only_the_script(tmp_path)
+
+
+def test_a_bucket_name_the_s3_client_refuses_is_one_error_line(tmp_path):
+    """botocore refuses the name before any request (ParamValidationError, over several lines)."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    result = run_study(tmp_path, "--prefix", "s3://Bad_Bucket!/out", "--dry_run", "true", env=env)
+    error_line(result, 1, "s3://Bad_Bucket!/out", "the S3 client refuses it", "check the bucket name")
+    only_the_script(tmp_path)
+
+
 def test_an_unknown_scheme_in_marin_prefix_is_a_usage_error_too(tmp_path):
     result = run_study(tmp_path, env={"MARIN_PREFIX": "foo://bucket/out"})
     error_line(result, 2, "'foo://bucket/out'")

@@ -220,15 +220,20 @@ def test_streams_are_wrapped_during_a_run_and_restored_after(tmp_path):
 
 
 def count_store_reads(monkeypatch) -> list[str]:
-    """Paths read through `LocalStore.read_bytes` (leases, info; not statuses)."""
+    """Paths read through `LocalStore.read_bytes` or `read_tail` (leases, info; not statuses)."""
     seen: list[str] = []
-    original = LocalStore.read_bytes
+    original, original_tail = LocalStore.read_bytes, LocalStore.read_tail
 
     def counting(self, path):
         seen.append(path)
         return original(self, path)
 
+    def counting_tail(self, path, limit):
+        seen.append(path)
+        return original_tail(self, path, limit)
+
     monkeypatch.setattr(LocalStore, "read_bytes", counting)
+    monkeypatch.setattr(LocalStore, "read_tail", counting_tail)
     return seen
 
 

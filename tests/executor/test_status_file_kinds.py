@@ -45,6 +45,11 @@ def make_special(path: Path, kind: str, outside: Path) -> None:
         os.symlink(outside / "status", path)
     elif kind == "fifo":
         os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "huge":  # sparse: 200 MB that take no disk
+        with open(path, "wb") as handle:
+            handle.truncate(200 << 20)
     else:
         raise AssertionError(kind)
 
@@ -123,7 +128,7 @@ def test_a_special_status_file_fails_its_step_alone_and_is_never_written_through
     assert [(row.name, row.action) for row in rows] == [("unrelated", Action.SKIP)]
 
 
-@pytest.mark.parametrize("kind", ["loop", "dangling", "fifo"])
+@pytest.mark.parametrize("kind", ["loop", "dangling", "fifo", "directory", "huge"])
 def test_a_special_lease_file_is_an_error_row_naming_it(tmp_path, kind):
     prefix, a, unrelated, target, _ = bad_prefix(tmp_path, ".executor_status.lock", kind)
     Path(target.parent, ".executor_status").unlink()  # not succeeded: its lease is read
@@ -212,3 +217,63 @@ def test_a_link_or_fifo_in_the_log_s_place_is_replaced_by_the_log(tmp_path, kind
         assert outside.read_text() == "precious\n"
     else:
         assert not outside.exists()
+
+
+def test_a_lease_that_is_a_directory_fails_its_step_instead_of_waiting_forever(tmp_path):
+    """No lease can be written in a directory's place: the run waited for one for good."""
+    prefix, a, unrelated, target, _ = bad_prefix(tmp_path, ".executor_status.lock", "directory")
+    Path(target.parent, ".executor_status").unlink()
+    finished = threading.Event()
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            Executor(str(prefix), console=False).run([a, unrelated])
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            caught.append(error)
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert finished.wait(60), "the run waited on a lease that is a directory"
+    assert len(caught) == 1 and isinstance(caught[0], ExecutorRunError), caught
+    assert [failure.name for failure in caught[0].failures] == ["a"]
+    assert f"cannot read the lease file {target}: it is a directory" in str(caught[0])
+
+
+def test_read_info_reads_no_more_than_its_bound(tmp_path):
+    import tracemalloc
+
+    from executor.tree import MAX_INFO_BYTES, info_path
+
+    output = tmp_path / "step"
+    output.mkdir()
+    with open(info_path(str(output)), "wb") as handle:
+        handle.truncate(MAX_INFO_BYTES * 8)  # sparse
+    tracemalloc.start()
+    try:
+        assert read_info(LocalStore(), str(output)) is None
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_INFO_BYTES, peak  # the file is 8 times that
+
+
+def test_an_unreadable_info_is_not_reported_as_every_field_added(tmp_path):
+    """The reuse warning diffs against the recorded config; with `.executor_info` unreadable
+    it said every field was 'added', even the versioned ones."""
+    from executor.tree import info_path
+
+    prefix = tmp_path / "prefix"
+    first = ExecutorStep(
+        "a", write_value, WriteConfig(output_path=this_output_path(), value=versioned(1), key="x")
+    )
+    Executor(str(prefix), console=False).run([first])
+    output = Executor(str(prefix), console=False).run([first], dry_run=True).rows[0].output_path
+    Path(info_path(output)).write_bytes(b"\xff not json")
+    again = ExecutorStep(
+        "a", write_value, WriteConfig(output_path=this_output_path(), value=versioned(1), key="y")
+    )
+    row = Executor(str(prefix), console=False).run([again], dry_run=True).rows[0]
+    assert row.action == Action.SKIP
+    assert row.unversioned_changes == (f"which ones is unknown: {info_path(output)} cannot be read",)
