@@ -279,8 +279,16 @@ def iso_seconds(date: str | None) -> float | None:
         return None
 
 
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
+def human_duration(seconds: Any) -> str:
+    """'12.0s', '1.5m', '2.0h'; '' for anything but a finite number (a status line's
+    `duration_s` is untrusted: a string, a 400-digit integer, Infinity)."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return ""
+    try:
+        seconds = float(seconds)
+    except OverflowError:
+        return ""
+    if not math.isfinite(seconds):
         return ""
     if seconds < 60:
         return f"{seconds:.1f}s"

@@ -8,6 +8,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from .safety import displayable
 from .svg import status_colours
 
 CSS = """
@@ -54,14 +55,17 @@ dl.kv dd{margin:0;word-break:break-all}
 
 
 def esc(value: Any) -> str:
-    return escape("" if value is None else str(value), quote=True)
+    return escape(displayable("" if value is None else str(value)), quote=True)
 
 
 def url(route: str, relpath: str = "", **query: Any) -> str:
-    """An href: `/route/relpath?query` (relpath percent-encoded, '/' kept)."""
+    """An href: `/route/relpath?query` (relpath percent-encoded, '/' kept).
+
+    A name that is not UTF-8 (see `safety.displayable`) is spelled with backslashes, which
+    the server refuses: no URL names it, and callers mark it "not servable" instead."""
     href = "/" + route if route else "/"
     if relpath:
-        href += "/" + quote(relpath.strip("/"), safe="/")
+        href += "/" + quote(relpath.strip("/"), safe="/", errors="backslashreplace")
     query = {key: value for key, value in query.items() if value is not None}
     if query:
         href += "?" + urlencode(query)

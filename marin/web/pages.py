@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import threading
 import time
@@ -41,7 +42,7 @@ from marin.outputs import Experiment, OutputTree, StepOutput, human_duration, hu
 
 from . import files as filepages
 from .html import badge, esc, kv, link, num, page, pager, pretty_json, table, url
-from .safety import PrefixGuard, Refused, Target, check_relpath, decode_path
+from .safety import PrefixGuard, Refused, Target, check_relpath, decode_path, utf8
 from .svg import Node, dag_svg, interval_chart, line_chart, status_colours
 
 FILES_PER_PAGE = 300
@@ -77,7 +78,9 @@ class _Tree(OutputTree):
         self.guard = guard
         self._loaded: dict[str, StepOutput | None] = {}
 
-    def load_step(self, path: str) -> StepOutput | None:
+    def load_step(self, path: Any) -> StepOutput | None:
+        if not isinstance(path, str):  # a recorded path of the wrong JSON type names nothing
+            return None
         if path in self._loaded:
             return self._loaded[path]
         step = None
@@ -94,8 +97,10 @@ class _Tree(OutputTree):
         try:
             for name in (INFO_FILE, STATUS_FILE):
                 self.guard.resolve(f"{target.relpath}/{name}")
-        except Refused:
-            return False
+        except Refused as refused:
+            # Only a link out (403) hides the step; a link loop is left to the read, and the
+            # step then says why its file was not read.
+            return refused.status != 403
         return True
 
 
@@ -159,7 +164,8 @@ class App:
         return self._request.guard
 
     def html(self, title: str, body: str, status: int = 200) -> Response:
-        return Response(status, page(title, body, self.prefix).encode("utf-8"))
+        # `esc` spells lone surrogates as escapes; backslashreplace is the net for any it missed.
+        return Response(status, page(title, body, self.prefix).encode("utf-8", "backslashreplace"))
 
     def error(self, status: int, message: str) -> Response:
         titles = {400: "Bad request", 403: "Forbidden", 404: "Not found", 405: "Method not allowed"}
@@ -175,7 +181,7 @@ class App:
         relpath = self.rel(path)
         if relpath is None:
             return f'<span class="mono">{esc(text or path)}</span> <span class="muted">(outside the prefix)</span>'
-        return link(url("step", relpath), text or relpath)
+        return _path_link("step", relpath, text)
 
     # -- experiments ----------------------------------------------------------
     def index(self, tree: _Tree, _rest: str, _params: dict) -> Response:
@@ -185,10 +191,10 @@ class App:
                 step.status if step else "MISSING" for _entry, step in tree.experiment_steps(exp)
             )
             git = exp.git
-            commit = (git.get("commit") or "")[:10] + (" (dirty)" if git.get("dirty") else "")
+            commit = _str(git.get("commit"))[:10] + (" (dirty)" if git.get("dirty") else "")
             rows.append(
                 [
-                    link(url("exp", exp.id), exp.id),
+                    _path_link("exp", exp.id),
                     f"{esc(exp.created)}<br><span class=muted>{esc(iso_age(exp.created))}</span>",
                     num(len(exp.steps)),
                     " ".join(f"{badge(status)} {count}" for status, count in sorted(counts.items())),
@@ -252,7 +258,7 @@ class App:
                         num(f"{run.parameters:,}" if run.parameters is not None else "-"),
                         num(f"{run.tokens_per_second:,.0f}" if run.tokens_per_second is not None else "-"),
                         num(f"{run.mfu:.1%}" if run.mfu is not None else "-"),
-                        link(url("train", run.step.relpath), run.step.relpath),
+                        _path_link("train", run.step.relpath),
                         esc(leaderboard.describe_differences(group.differences.get(run.step.path, {}), 200)),
                     ]
                 )
@@ -284,7 +290,7 @@ class App:
             return self.html("Predictions", body)
         rows = [
             [
-                link(url("step", p.step.relpath), p.step.relpath),
+                _path_link("step", p.step.relpath),
                 esc(p.target_label or "?"),
                 num(_fmt_or_dash(p.predicted_loss)),
                 num(_fmt_or_dash(p.actual_loss)),
@@ -345,7 +351,7 @@ class App:
     def all_steps(self, tree: _Tree, _rest: str, _params: dict) -> Response:
         rows = [
             [
-                link(url("step", step.relpath), step.relpath),
+                _path_link("step", step.relpath),
                 esc(step.name),
                 badge(step.status),
                 esc(iso_age(step.last_event.date if step.last_event else None)),
@@ -368,25 +374,27 @@ class App:
         sizes = tree.sizes([step for _entry, step in pairs if step]) if with_sizes else {}
         nodes, rows = [], []
         for entry, step in pairs:
-            path = entry.get("output_path") or ""
+            # Manifest fields are untrusted JSON: only strings are used as paths, names, hashes.
+            path = _str(entry.get("output_path"))
+            name = _str(entry.get("name")) or path
             status = step.status if step else "MISSING"
             relpath = self.rel(path)
-            deps = tuple(_dep_path(dep) for dep in entry.get("dependencies") or [])
+            deps = _entry_deps(entry)
             nodes.append(
                 Node(
                     key=path,
-                    label=entry.get("name") or path,
+                    label=name,
                     status=status,
-                    href=url("step", relpath) if relpath is not None else url("exp", exp.id),
+                    href=url("step", relpath) if relpath and _servable(relpath) else url("exp", exp.id),
                     title=f"{entry.get('name')} \u2014 {status}\n{path}",
                     deps=deps,
                 )
             )
             row = [
-                self.step_link(path, entry.get("name") or path),
+                self.step_link(path, name),
                 badge(status),
-                f'<span class="mono">{link(url("file", relpath), relpath) if relpath else esc(path)}</span>',
-                f'<span class="mono">{esc((entry.get("version_hash") or "")[:12])}</span>',
+                f'<span class="mono">{_path_link("file", relpath) if relpath else esc(path)}</span>',
+                f'<span class="mono">{esc(_str(entry.get("version_hash"))[:12])}</span>',
                 esc(step.started or "") if step else "",
                 num(human_duration(step.duration_s) if step else ""),
                 esc(entry.get("outcome") or ""),
@@ -399,6 +407,8 @@ class App:
             header.append("size")
         record = exp.record
         git = exp.git
+        command = record.get("command_line")
+        command = " ".join(map(str, command)) if isinstance(command, list) else _str(command)
         counts = Counter(node.status for node in nodes)
         info = kv(
             [
@@ -407,7 +417,7 @@ class App:
                 ("script", esc(record.get("caller_path") or "")),
                 (
                     "command line",
-                    f'<span class="mono">{esc(" ".join(record.get("command_line") or []))}</span>',
+                    f'<span class="mono">{esc(command)}</span>',
                 ),
                 (
                     "git",
@@ -449,8 +459,8 @@ class App:
             for entry in exp.steps:
                 if entry.get("output_path") == path:
                     experiments.append(exp)
-                if path in (_dep_path(dep) for dep in entry.get("dependencies") or []):
-                    users.setdefault(entry.get("output_path") or "", entry.get("name") or "")
+                if path in _entry_deps(entry):
+                    users.setdefault(_str(entry.get("output_path")), _str(entry.get("name")))
         users.pop("", None)
         return users, experiments
 
@@ -458,8 +468,8 @@ class App:
         step = self.load(tree, rest)
         info = step.info or {}
         users, experiments = self.dependents(tree, step.path)
-        run = info.get("run") or {}
-        git = run.get("git") or {}
+        run = _dict(info.get("run"))
+        git = _dict(run.get("git"))
         overview = kv(
             [
                 ("name", esc(step.name)),
@@ -479,7 +489,7 @@ class App:
                 ),
                 (
                     "experiments",
-                    ", ".join(link(url("exp", exp.id), exp.id) for exp in experiments)
+                    ", ".join(_path_link("exp", exp.id) for exp in experiments)
                     or '<span class="muted">none</span>',
                 ),
             ]
@@ -506,6 +516,9 @@ class App:
         file_rows = []
         for relname, size in shown:
             file_rel = f"{step.relpath}/{relname}"
+            if not _servable(file_rel):
+                file_rows.append([_path_link("file", file_rel, relname), num(human_size(size)), ""])
+                continue
             links = [link(url("file", file_rel), "view"), link(url("raw", file_rel), "raw")]
             if filepages.is_json_lines(relname):
                 links.append(link(url("compare", file_rel), "across steps"))
@@ -598,14 +611,15 @@ class App:
         lines = 0
         for _number, record in filepages.iter_records(self.store, metrics):
             lines += 1
-            if not record or not isinstance(record.get("step"), int | float):
+            at = _finite(record.get("step")) if record else None
+            if at is None:
                 continue
-            at = float(record["step"])
             for key, value in record.items():
-                if not isinstance(value, int | float) or isinstance(value, bool):
+                number = _finite(value)
+                if number is None:
                     continue
                 if key in METRIC_KEYS or (key.startswith("eval/") and "time" not in key and "//" not in key):
-                    series.setdefault(key, {})[at] = float(value)  # later lines win, as in read_metrics
+                    series.setdefault(key, {})[at] = number  # later lines win, as in read_metrics
 
         def points(key: str) -> list[tuple[float, float]]:
             return sorted(series.get(key, {}).items())
@@ -672,7 +686,7 @@ class App:
                 continue
             rows = [[esc(key), num(_fmt(val))] for key, val in _flatten(value)]
             parts.append(
-                f"<h3>{link(url('step', relpath), name)} <small>{link(url('file', target.relpath), 'results.json')}"
+                f"<h3>{_path_link('step', relpath, name)} <small>{link(url('file', target.relpath), 'results.json')}"
                 f"</small></h3>" + table(["metric", "value"], rows, "results")
             )
         return "".join(parts) or '<p class="muted">no results.json in this step or the steps that read it</p>'
@@ -749,9 +763,7 @@ class App:
         rows = []
         for entry in shown:
             child = f"{target.relpath}/{entry.name}" if target.relpath else entry.name
-            try:
-                check_relpath(child)
-            except Refused:
+            if not _servable(child):
                 rows.append([esc(entry.name), "", '<span class="muted">name not servable</span>'])
                 continue
             rows.append(
@@ -877,7 +889,7 @@ class App:
                 previous_text = text
             rows.append(row)
         shard_links = " \u2192 ".join(
-            link(url("file", f"{item.relpath}/{shard}"), item.name) for item in chain
+            _path_link("file", f"{item.relpath}/{shard}", item.name) for item in chain
         )
         summary = (
             ", ".join(f"{name}: {count} dropped" for name, count in dropped_count.items()) or "none dropped"
@@ -966,7 +978,52 @@ class App:
 
 
 def _dep_path(dep: Any) -> str:
-    return dep.get("output_path") or "" if isinstance(dep, dict) else str(dep)
+    path = dep.get("output_path") if isinstance(dep, dict) else dep
+    return _str(path)
+
+
+def _entry_deps(entry: dict[str, Any]) -> tuple[str, ...]:
+    """The output paths a manifest entry reads (its `dependencies`: paths or objects)."""
+    recorded = entry.get("dependencies")
+    return tuple(_dep_path(dep) for dep in recorded) if isinstance(recorded, list) else ()
+
+
+def _finite(value: Any) -> float | None:
+    """A metric as a float; None for anything else, and for what JSON allows past a float
+    (a 400-digit integer, `Infinity`, `NaN`): the charts and tables need finite numbers."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _str(value: Any) -> str:
+    """`value` if the tree recorded a string there, else '' (the tree is untrusted JSON)."""
+    return value if isinstance(value, str) else ""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _servable(relpath: str) -> bool:
+    """Whether a URL can name `relpath` (not a file name that is not UTF-8, nor one `safety`
+    refuses, e.g. with a backslash)."""
+    try:
+        check_relpath(relpath)
+    except Refused:
+        return False
+    return utf8(relpath)
+
+
+def _path_link(route: str, relpath: str, text: Any = None) -> str:
+    """A link to `relpath` under `route`, or its name (escaped) when no URL can name it."""
+    if _servable(relpath):
+        return link(url(route, relpath), text or relpath)
+    return f'<span class="mono">{esc(text or relpath)}</span> <span class="muted">(name not servable)</span>'
 
 
 def _doc_id(record: dict[str, Any]) -> str:

@@ -26,6 +26,9 @@ from urllib.parse import unquote
 from executor.store import Store
 
 _FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\%]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
+"""What a str holds for bytes that are not UTF-8: a file name read with `os.fsdecode`
+(`b"bad\\xff"` -> `"bad\\udcff"`), or a lone surrogate JSON spelled (`"\\ud800"`)."""
 
 
 class Refused(Exception):
@@ -65,6 +68,23 @@ def decode_path(raw_path: str) -> list[str]:
     for segment in segments:
         check_segment(segment, allow_empty=segments == [""])
     return segments
+
+
+def utf8(text: str) -> bool:
+    """Whether `text` is Unicode text a page or URL can hold (a name that is not UTF-8 is not:
+    a request's path is decoded strictly, so no URL names it)."""
+    return _SURROGATES.search(text) is None
+
+
+def displayable(text: str) -> str:
+    """`text`, with what no UTF-8 page can hold (see `_SURROGATES`) spelled as escapes: the
+    bytes of a file name that is not UTF-8 as `\\xff`, any other lone surrogate as `\\ud800`."""
+    if utf8(text):
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no byte decodes to: from JSON, not from a name
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def check_segment(segment: str, allow_empty: bool = False) -> None:
@@ -140,10 +160,22 @@ class PrefixGuard:
             except (FileNotFoundError, NotADirectoryError):
                 # Nothing there: reading it fails with "not found"; nothing to follow.
                 return os.path.join(candidate, *parts[index + 1 :])
+            except (OSError, UnicodeEncodeError):
+                # A name too long for the filesystem, a directory we may not search, a lone
+                # surrogate a recorded path spelled in JSON (no file name decodes to it).
+                raise Refused(404, "not found: the path cannot be looked up") from None
             if stat.S_ISLNK(mode):
                 candidate = os.path.realpath(candidate)
                 if not self.inside(candidate):
                     raise Refused(403, "refused: the path leads outside the prefix")
+                try:
+                    os.stat(candidate)
+                except (FileNotFoundError, NotADirectoryError):
+                    pass  # a dangling link: reading it fails with "not found"
+                except OSError:
+                    # realpath stops at a loop of links (one to itself, or a -> b -> a, or
+                    # a link into one) and returns it unresolved: nothing is there to read.
+                    raise Refused(404, "not found: a loop of symbolic links") from None
             self._resolved[key] = candidate
             current = candidate
         return current

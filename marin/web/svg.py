@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from html import escape
+from html import escape as _html_escape
+from typing import Any
+
+from .safety import displayable
 
 STATUS_COLOURS = {
     "SUCCESS": ("#d7f0d8", "#2e7d32"),
@@ -34,6 +37,12 @@ class Node:
     title: str
     deps: tuple[str, ...]
     """Keys of the nodes this one reads."""
+
+
+def escape(value: Any) -> str:
+    """Text for the picture: any value (labels come from the tree, untrusted), lone surrogates
+    spelled as escapes (a UTF-8 page cannot hold them), then HTML-escaped."""
+    return _html_escape(displayable(str(value)))
 
 
 def status_colours(status: str) -> tuple[str, str]:
@@ -118,9 +127,10 @@ def dag_svg(nodes: list[Node]) -> str:
     for node in nodes:
         x, y = place[node.key]
         fill, stroke = status_colours(node.status)
-        label = node.label if len(node.label) <= 26 else node.label[:25] + "\u2026"
+        text = str(node.label)
+        label = text if len(text) <= 26 else text[:25] + "\u2026"
         boxes.append(
-            f'<a class="node" href="{escape(node.href)}" data-name="{escape(node.label)}" '
+            f'<a class="node" href="{escape(node.href)}" data-name="{escape(text)}" '
             f'data-status="{escape(node.status)}"><title>{escape(node.title)}</title>'
             f'<rect x="{x:.0f}" y="{y:.0f}" width="{NODE_W}" height="{NODE_H}" rx="6" '
             f'fill="{fill}" stroke="{stroke}" stroke-width="1.5"/>'
