@@ -47,6 +47,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -114,10 +115,10 @@ class LeaseConfig:
                 values[name], names[name] = given[name], (sources or {}).get(name, name)
             elif environ.get(variable, "").strip():
                 raw = environ[variable]
-                try:
-                    values[name] = float(raw)
-                except ValueError:
-                    raise ValueError(f"{variable}={raw!r} is not a number of seconds") from None
+                # float() also reads "5_0" as 50 and digits of other scripts: plain decimals only.
+                if not _PLAIN_NUMBER.fullmatch(raw.strip()):
+                    raise ValueError(f"{variable}={raw!r} is not a number of seconds")
+                values[name] = float(raw)
                 names[name] = variable
             else:
                 values[name] = defaults[name]
@@ -132,6 +133,12 @@ class LeaseConfig:
 MIN_SECONDS = 0.001
 """The least a lease timing may be (tests run with heartbeats of 10 ms and polls of 1 ms)."""
 
+MAX_SECONDS = 30 * 86400
+"""The longest lease timing accepted (30 days)."""
+
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+"""A number of seconds as `MARIN_LEASE_*` may spell it, in ASCII: 60, 0.5, .5, 1e3."""
+
 
 def _check_timing(values: Mapping[str, object], names: Mapping[str, str]) -> None:
     """ValueError naming the setting (`names`: field -> flag, variable or field name) to fix."""
@@ -145,6 +152,8 @@ def _check_timing(values: Mapping[str, object], names: Mapping[str, str]) -> Non
             raise ValueError(f"{names[name]} must be a positive number of seconds, got {value!r}")
         if value < MIN_SECONDS:  # 1e-300 s between heartbeats is a busy loop, not a setting
             raise ValueError(f"{names[name]} must be at least {MIN_SECONDS:g} seconds, got {value!r}")
+        if value > MAX_SECONDS:  # 1e300 s overflowed the clock while a run waited
+            raise ValueError(f"{names[name]} must be at most {MAX_SECONDS:,} seconds (30 days), got {value!r}")
     if values["heartbeat_interval"] >= values["timeout"]:
         raise ValueError(
             f"{names['heartbeat_interval']} ({values['heartbeat_interval']:g}s) must be smaller than "

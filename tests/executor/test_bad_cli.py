@@ -165,6 +165,7 @@ def only_the_script(tmp_path: Path) -> None:
         (["--lease_timeout", "0"], ["--lease_timeout must be a positive number of seconds"]),
         (["--lease_timeout", "nan"], ["--lease_timeout must be a positive number of seconds"]),
         (["--lease_poll", "soon"], ["--lease_poll", "'soon'", "number of seconds"]),
+        (["--lease_poll", "1e300"], ["--lease_poll must be at most 2,592,000 seconds (30 days), got 1e+300"]),
         (
             ["--lease_heartbeat", "90"],
             ["--lease_heartbeat (90s) must be smaller than the default --lease_timeout (60s)"],
@@ -212,6 +213,12 @@ def test_a_bad_config_file_is_one_usage_error_line(tmp_path, config_file, fragme
     ("env", "fragment"),
     [
         ({"MARIN_LEASE_TIMEOUT": "abc"}, "MARIN_LEASE_TIMEOUT='abc' is not a number of seconds"),
+        (
+            {"MARIN_LEASE_TIMEOUT": "5_0"},
+            "MARIN_LEASE_TIMEOUT='5_0' is not a number of seconds",
+        ),  # float(): 50
+        ({"MARIN_LEASE_TIMEOUT": "٥٠"}, "is not a number of seconds"),  # Arabic-Indic 50
+        ({"MARIN_LEASE_POLL": "1e300"}, "MARIN_LEASE_POLL must be at most 2,592,000 seconds (30 days)"),
         ({"MARIN_LEASE_POLL": "-1"}, "MARIN_LEASE_POLL must be a positive number of seconds, got -1.0"),
         (
             {"MARIN_LEASE_HEARTBEAT": "100"},
