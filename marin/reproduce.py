@@ -231,6 +231,11 @@ def load_script(path: str) -> ModuleType:
             raise TemplateError(
                 f"loading the experiment script {path} failed: {type(error).__name__}: {error}"
             ) from error
+        # A heavy step's process has no module of this name: its functions and classes travel
+        # by value, as `__main__`'s do when the script runs itself.
+        import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)
         _SCRIPTS[path] = module
     return _SCRIPTS[path]
 

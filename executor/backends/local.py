@@ -84,6 +84,8 @@ class LocalBackend(Backend):
         self.gpus = machine_gpus() if gpus is None else gpus
         self._processes: dict[str, subprocess.Popen] = {}
         self._cancelled: set[str] = set()
+        self._temp_files: dict[str, tuple[str, str]] = {}
+        """Each running heavy step's payload and result files (removed by `close` too)."""
         self._lock = threading.Lock()
 
     def admit(self, step: ResolvedStep, running: list[ResolvedStep]) -> bool:
@@ -120,42 +122,44 @@ class LocalBackend(Backend):
         payload_fd, payload_path = tempfile.mkstemp(prefix="marin-step-", suffix=".pkl")
         result_fd, result_path = tempfile.mkstemp(prefix="marin-step-", suffix=".json")
         os.close(result_fd)
+        with self._lock:
+            self._temp_files[path] = (payload_path, result_path)
         try:
             with os.fdopen(payload_fd, "wb") as handle:
                 handle.write(_payload(step, spec, local_log is not None))
-        except BaseException:
-            os.unlink(payload_path)
-            os.unlink(result_path)
-            raise
-        output = _open_log(local_log)
-        try:
-            # Its own session: a Ctrl-C meant for the driver does not reach it (the driver
-            # stops it itself), and it outlives the driver, finishing and recording the step.
-            process = subprocess.Popen(
-                [sys.executable, "-m", "executor.backends.child", payload_path, result_path],
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=output,
-                env=child_env(),
-                start_new_session=True,
-            )
-        finally:
-            if output is not subprocess.DEVNULL:
-                output.close()
-        with self._lock:
-            self._processes[path] = process
-            cancelled = path in self._cancelled
-        if cancelled:
-            _kill(process)
-        try:
-            _echo_while_running(process, local_log)
-            code = process.wait()
+            output = _open_log(local_log)
+            try:
+                # Its own session: a Ctrl-C meant for the driver does not reach it (the driver
+                # stops it itself), and it outlives the driver, finishing and recording the step.
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "executor.backends.child", payload_path, result_path],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=output,
+                    env=child_env(),
+                    start_new_session=True,
+                )
+            finally:
+                if output is not subprocess.DEVNULL:
+                    output.close()
+            with self._lock:
+                self._processes[path] = process
+                cancelled = path in self._cancelled
+            if cancelled:
+                _kill(process)
+            try:
+                _echo_while_running(process, local_log)
+                code = process.wait()
+            finally:
+                with self._lock:
+                    self._processes.pop(path, None)
+                    cancelled = path in self._cancelled
+                    self._cancelled.discard(path)
+            result = _read_result(result_path)
         finally:
             with self._lock:
-                self._processes.pop(path, None)
-                cancelled = path in self._cancelled
-                self._cancelled.discard(path)
-        result = _read_result(result_path)
+                self._temp_files.pop(path, None)
+            _remove(payload_path, result_path)
         if result is not None:
             return result
         if cancelled:
@@ -171,9 +175,17 @@ class LocalBackend(Backend):
 
     def close(self) -> None:
         with self._lock:
-            paths = list(self._processes)
+            paths = set(self._processes) | set(self._temp_files)
+            in_flight = [(self._processes.get(path), files) for path, files in self._temp_files.items()]
         for path in paths:
             self.cancel(path)
+        # The threads waiting for these steps are daemons: an interrupted driver exits before
+        # they remove the steps' files. Once a step's process is dead it writes none again.
+        for process, files in in_flight:
+            if process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=10)
+            _remove(*files)
 
 
 def _payload(step: ResolvedStep, spec: Any, log_is_stdout: bool) -> bytes:
@@ -198,6 +210,12 @@ def _open_log(local_log: str | None):
         return subprocess.DEVNULL  # the child captures its output and uploads the log itself
     os.makedirs(os.path.dirname(local_log), exist_ok=True)
     return open(local_log, "ab")  # noqa: SIM115 (closed once the child has it)
+
+
+def _remove(*paths: str) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):  # the child deletes its payload; the result is read once
+            os.unlink(path)
 
 
 def _kill(process: subprocess.Popen) -> None:
