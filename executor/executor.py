@@ -18,13 +18,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from executor.backends import Backend, backend_name, open_backend
 from executor.console import ConsoleProgress, write_or_drop
 from executor.events import planned_event
-from executor.graph import StepGraph, resolve, storage_of
+from executor.graph import StepDefinitionError, StepGraph, resolve, storage_of
 from executor.lease import LeaseConfig, LeaseManager, new_worker_id
 from executor.plan import Action, Plan, make_plan
 from executor.provenance import (
@@ -266,6 +266,15 @@ class Executor:
 def _declared_steps(steps: Sequence[ExecutorStep | InputName]) -> list[ExecutorStep]:
     """The steps to run; an `InputName` (`step.as_input_name()`, `step / "sub"`) stands for
     its step, as in Marin. A hard-coded path names no step: nothing to run (warned)."""
+    if (
+        isinstance(steps, (ExecutorStep, InputName))
+        or not isinstance(steps, Iterable)
+        or isinstance(steps, str)
+    ):
+        raise StepDefinitionError(
+            f"steps must be a list of steps, got {type(steps).__name__}"
+            + (f" {steps.name!r}: pass [step]" if isinstance(steps, ExecutorStep) else "")
+        )
     declared = []
     for step in steps:
         if isinstance(step, InputName):

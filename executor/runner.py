@@ -58,6 +58,8 @@ import enum
 import logging
 import queue
 import re
+import signal
+import sys
 import threading
 import time
 import traceback
@@ -149,6 +151,36 @@ class RunSummary:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     duration: float = 0.0
+
+
+@contextlib.contextmanager
+def _second_ctrl_c_deferred():
+    """While an interrupted run records its stopped steps (FAILED, lease released), a second
+    Ctrl-C -- two quick presses -- is announced, not raised: raised, it cut the recording
+    short and left steps RUNNING under leases that the next run had to wait out. A third
+    press leaves them so. Only in the main thread, over Python's own handler."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    presses = []
+
+    def pressed(signum: int, frame: Any) -> None:
+        presses.append(signum)
+        if len(presses) > 1:
+            raise KeyboardInterrupt
+        with contextlib.suppress(Exception):  # no console (>&-), or a closed one
+            sys.stderr.write(
+                "interrupted: recording the stopped steps; press Ctrl-C again to leave them as they are\n"
+            )
+
+    previous = signal.signal(signal.SIGINT, pressed)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class Runner:
@@ -281,7 +313,8 @@ class Runner:
                     self._mark_dep_failed(todo[child], failed_name=todo[path].name)
         except BaseException:
             self._stop.set()
-            self._interrupt(running)
+            with _second_ctrl_c_deferred():
+                self._interrupt(running)
             raise
         finally:
             for _ in range(self._workers):

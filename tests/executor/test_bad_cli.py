@@ -100,6 +100,8 @@ if MODE == "bad_name":
     steps.append(ExecutorStep("a/./b", write, Config(this_output_path())))  # the bad line
 if MODE == "nested_output":
     steps.append(ExecutorStep(os.environ["STUDY_NESTED_NAME"], write, Config(this_output_path())))
+if MODE == "one_step":
+    steps = b  # not [b]
 
 if __name__ == "__main__":
     executor_main(steps)
@@ -335,6 +337,13 @@ def test_an_invalid_step_name_at_the_top_of_a_script_is_one_line_with_its_place(
     line = error_line(result, 1, "step name 'a/./b' is invalid", "'.'")
     bad_line = next(i for i, text in enumerate(STUDY.splitlines(), 1) if text.endswith("# the bad line"))
     assert line.startswith(f"error: study.py:{bad_line}: ")
+    only_the_script(tmp_path)
+
+
+def test_one_step_given_instead_of_a_list_is_one_error_line(tmp_path):
+    """`executor_main(step)`: iterating the step raised TypeError, with a traceback."""
+    result = run_study(tmp_path, "--prefix", str(tmp_path / "out"), mode="one_step")
+    error_line(result, 1, "steps must be a list of steps, got ExecutorStep 'b': pass [step]")
     only_the_script(tmp_path)
 
 

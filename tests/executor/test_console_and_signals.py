@@ -295,3 +295,60 @@ def test_a_worker_reports_back_even_when_its_error_cannot_be_described(tmp_path,
     result = run_in_thread(run, [write_step("a")])
     assert isinstance(result, ExecutorRunError), result
     assert "[failed] executor error: " in str(result)
+
+
+SECOND_CTRL_C = SCRIPT.replace(
+    'if __name__ == "__main__":\n',
+    textwrap.dedent(
+        """
+        import signal
+        import executor.runner
+
+        _append = executor.runner.append_status
+
+        def append_status(store, path, status, message, *args, **kwargs):
+            if message == "interrupted" and not getattr(append_status, "pressed", False):
+                append_status.pressed = True
+                signal.raise_signal(signal.SIGINT)  # the second press, while the first is recorded
+            return _append(store, path, status, message, *args, **kwargs)
+
+        executor.runner.append_status = append_status
+
+        if __name__ == "__main__":
+        """
+    ),
+)
+
+
+def test_a_second_ctrl_c_while_the_first_is_recorded_leaves_no_step_running(tmp_path):
+    """Two quick presses: the second one cut the recording of the stopped steps short, which
+    left them RUNNING with their leases (the next run waited out the lease timeout)."""
+    script = tmp_path / "experiment.py"
+    script.write_text(SECOND_CTRL_C)
+    env = {key: value for key, value in os.environ.items() if key not in ("MARIN_PREFIX", "HEAVY")}
+    env.update(PYTHONPATH=REPO, STEP_SLEEP="120")
+    process = subprocess.Popen(
+        [sys.executable, str(script), "--prefix", str(tmp_path / "out")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len([p for p in step_dirs(tmp_path) if (last_status(p) or {}).get("status") == "RUNNING"]) < 2:
+            assert time.monotonic() < deadline, "the steps never started"
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, (out, err)
+    assert err.decode().strip().splitlines()[-1] == "error: interrupted", err
+    assert "press Ctrl-C again" in err.decode()
+    for path in step_dirs(tmp_path):
+        assert last_status(path)["status"] == "FAILED" and last_status(path)["message"] == "interrupted"
+        assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
