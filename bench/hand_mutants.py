@@ -109,7 +109,7 @@ MUTANTS = [
         r'LEFTOVER_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]+-")',
         "tests/executor/test_temp_files_after_failure.py",
     ),
-    ("marin/terminal.py", '.replace("\\r", "\\n")', "", "tests/marin/test_hostile_tree_readers.py"),
+    ("executor/terminal.py", '.replace("\\r", "\\n")', "", "tests/marin/test_hostile_tree_readers.py"),
     (
         "executor/console.py",
         "            os.dup2(devnull, sys.stdout.fileno())\n",

@@ -17,6 +17,7 @@ from executor.events import (
     StepSucceeded,
     StepWaiting,
 )
+from executor.terminal import one_line
 from executor.tree import utc_now_iso
 
 
@@ -97,7 +98,7 @@ class ConsoleProgress:
                 self._print(f"skip   {event.name}  ({event.reason})")
         elif isinstance(event, StepWaiting):
             self._print(
-                f"wait   {event.name}  held by {event.holder}, last heartbeat {utc_now_iso(event.heartbeat)}"
+                f"wait   {event.name}  held by {one_line(event.holder)}, last heartbeat {utc_now_iso(event.heartbeat)}"
             )
         elif isinstance(event, StepFailed):
             self._finish(event.output_path)

@@ -153,7 +153,9 @@ def _check_timing(values: Mapping[str, object], names: Mapping[str, str]) -> Non
         if value < MIN_SECONDS:  # 1e-300 s between heartbeats is a busy loop, not a setting
             raise ValueError(f"{names[name]} must be at least {MIN_SECONDS:g} seconds, got {value!r}")
         if value > MAX_SECONDS:  # 1e300 s overflowed the clock while a run waited
-            raise ValueError(f"{names[name]} must be at most {MAX_SECONDS:,} seconds (30 days), got {value!r}")
+            raise ValueError(
+                f"{names[name]} must be at most {MAX_SECONDS:,} seconds (30 days), got {value!r}"
+            )
     if values["heartbeat_interval"] >= values["timeout"]:
         raise ValueError(
             f"{names['heartbeat_interval']} ({values['heartbeat_interval']:g}s) must be smaller than "

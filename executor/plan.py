@@ -39,6 +39,7 @@ from executor.lease import LeaseManager
 from executor.records import record
 from executor.steps import ExecutorStep
 from executor.store import NotRegularFileError, Store
+from executor.terminal import one_line
 from executor.tree import (
     LeaseRecord,
     Status,
@@ -358,7 +359,7 @@ def _plan_step(
         return PlannedStep(
             step,
             Action.WAIT,
-            f"running elsewhere: held by {lease.worker}, last heartbeat {utc_now_iso(lease.heartbeat)}",
+            f"running elsewhere: held by {one_line(lease.worker)}, last heartbeat {utc_now_iso(lease.heartbeat)}",
             status,
             lease,
         )
@@ -366,7 +367,7 @@ def _plan_step(
         return PlannedStep(
             step,
             Action.RUN,
-            f"stale lease of {lease.worker} (last heartbeat {utc_now_iso(lease.heartbeat)}) will be taken over",
+            f"stale lease of {one_line(lease.worker)} (last heartbeat {utc_now_iso(lease.heartbeat)}) will be taken over",
             status,
             lease,
         )

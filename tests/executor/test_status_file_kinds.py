@@ -277,3 +277,31 @@ def test_an_unreadable_info_is_not_reported_as_every_field_added(tmp_path):
     row = Executor(str(prefix), console=False).run([again], dry_run=True).rows[0]
     assert row.action == Action.SKIP
     assert row.unversioned_changes == (f"which ones is unknown: {info_path(output)} cannot be read",)
+
+
+def test_a_lease_holders_control_characters_are_shown_escaped(tmp_path):
+    """The plan and the progress line print a lease's worker id, taken from the tree: an
+    escape sequence there (ESC [2J clears the screen) reached the terminal as such."""
+    import io
+    import time
+
+    from executor.console import ConsoleProgress
+    from executor.events import StepWaiting
+    from executor.tree import LeaseRecord, lease_path
+
+    prefix = tmp_path / "prefix"
+    a = step("a", 1)
+    output = Executor(str(prefix), console=False).run([a], dry_run=True).rows[0].output_path
+    os.makedirs(output)
+    worker = "vm:1:abc\x1b[2J\x07"
+    Path(lease_path(output)).write_bytes(LeaseRecord(worker=worker, heartbeat=time.time()).to_bytes())
+    row = Executor(str(prefix), console=False).run([a], dry_run=True).rows[0]
+    assert row.action == Action.WAIT
+    assert "held by vm:1:abc\\x1b[2J\\x07," in row.reason and "\x1b" not in row.reason
+    stale = LeaseRecord(worker=worker, heartbeat=time.time() - 3600)
+    Path(lease_path(output)).write_bytes(stale.to_bytes())
+    row = Executor(str(prefix), console=False).run([a], dry_run=True).rows[0]
+    assert "stale lease of vm:1:abc\\x1b[2J\\x07 " in row.reason and "\x1b" not in row.reason
+    out = io.StringIO()
+    ConsoleProgress(total=1, stream=out)(StepWaiting("a", output, holder=worker, heartbeat=time.time()))
+    assert "held by vm:1:abc\\x1b[2J\\x07," in out.getvalue() and "\x1b" not in out.getvalue()
