@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -61,8 +62,10 @@ from executor.steps import (
     InputName,
     MirroredValue,
     OutputName,
-    StepDefinitionError,
+    StepDefinitionError,  # defined in executor.resources; `from executor.graph import` keeps working
     VersionedValue,
+    check_input_sub_path,
+    check_output_sub_path,
 )
 from executor.walker import map_markers
 
@@ -211,6 +214,13 @@ def validate_declaration(step: Any) -> None:
     # The name was checked when the step was built (ExecutorStep.__post_init__).
     if not callable(step.fn):
         raise StepDefinitionError(f"step {step.name!r}: fn must be callable, got {type(step.fn).__name__}")
+    kind = _not_plain_function(step.fn)
+    if kind is not None:
+        raise StepDefinitionError(
+            f"step {step.name!r}: fn {fn_qualname(step.fn)} is {kind}: calling it would only create "
+            f"{'a coroutine' if 'async' in kind else 'a generator'} and run none of its body. Use a plain "
+            "function (def, without yield) that does the work before it returns"
+        )
     override = step.override_output_path
     if override is not None and (not isinstance(override, str) or not _is_clean_path(override)):
         raise StepDefinitionError(
@@ -218,11 +228,57 @@ def validate_declaration(step: Any) -> None:
             "without '.', '..' or empty parts (relative paths are under the prefix)"
         )
     config = step.config
+    if isinstance(config, _PATH_MARKERS) or (
+        isinstance(config, VersionedValue) and not _is_dataclass_instance(config.value)
+    ):
+        # They are dataclasses too, but fn would get a path (or a bare value) instead of a config.
+        what = f"the ExecutorStep {config.name!r}" if isinstance(config, ExecutorStep) else repr(config)
+        gets = "the bare value" if isinstance(config, VersionedValue) else "a path string"
+        raise StepDefinitionError(
+            f"step {step.name!r}: config is {what}, not a config dataclass instance, so fn would get "
+            f"{gets}. Put it in a field of a (frozen) config dataclass, e.g. "
+            "config=MyConfig(input_path=output_path_of(step), output_path=this_output_path())"
+        )
     if config is not None and not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
         raise StepDefinitionError(
             f"step {step.name!r}: config must be a dataclass instance or None, got {type(config).__name__}; "
             "wrap the values in a (frozen) dataclass"
         )
+
+
+_PATH_MARKERS = (ExecutorStep, InputName, OutputName, MirroredValue)
+"""Markers that are dataclasses but would reach `fn` as a path string if used as the config."""
+
+_NOT_PLAIN_FLAGS = (
+    (inspect.CO_ASYNC_GENERATOR, "an async generator function"),
+    (inspect.CO_COROUTINE, "an async function"),
+    (inspect.CO_GENERATOR, "a generator function"),
+)
+
+
+def _is_dataclass_instance(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _not_plain_function(fn: Any) -> str | None:
+    """What kind of function `fn` is when calling it returns a generator or coroutine without
+    running its body ("a generator function", "an async function", "an async generator
+    function"), directly, through functools.partial, as a bound method or as a callable
+    object's __call__; None for anything else."""
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.ismethod(target):
+        target = target.__func__
+    if not inspect.isfunction(target) and not isinstance(target, type):
+        target = inspect.getattr_static(type(target), "__call__", None)  # a callable object
+    if not inspect.isfunction(target):
+        return None  # a class, a builtin, a C extension's callable: runs when called
+    flags = target.__code__.co_flags
+    for flag, kind in _NOT_PLAIN_FLAGS:
+        if flags & flag:
+            return kind
+    return None
 
 
 def _is_clean_path(path: str) -> bool:
@@ -362,6 +418,9 @@ class _VersionBuilder:
         if isinstance(marker, ExecutorStep):
             marker = InputName(marker, None)
         if isinstance(marker, InputName):
+            if marker.step is not None and marker.name:
+                # Refused where `step / "sub"` is made; InputName(step, "sub") itself is not checked.
+                check_input_sub_path(marker.step, marker.name, f"step {self.step.name!r}, field {path!r}: ")
             if marker.step is None:
                 if not marker.name:
                     raise StepDefinitionError(
@@ -398,6 +457,8 @@ class _VersionBuilder:
             return
         if not isinstance(marker, OutputName):
             raise AssertionError(f"unexpected marker {marker!r}")
+        if marker.name:  # refused by this_output_path(); OutputName(name) itself is not checked
+            check_output_sub_path(marker.name, f"step {self.step.name!r}, field {path!r}: ")
 
     def concrete(self, marker: Any, path: str, depth: int) -> Any:
         """Walker callback, once the output path is known: the marker's concrete value."""

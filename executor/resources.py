@@ -22,6 +22,10 @@ accelerator manager, as Levanter's `run_on_pod` uses it). A backend then starts 
 per host of the slice (`TpuConfig.host_count`) and one slice per replica.
 `preemptible` and `regions` have no Ray option: backends read them from the config.
 
+Bad values are refused when the config is built, with a `StepDefinitionError` naming the
+field, the value and what is accepted: at the top of an experiment script, `executor_main`
+prints it as one `file:line: error` line.
+
 Only the standard library is imported here: `import executor` stays cheap.
 """
 
@@ -30,6 +34,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+
+class StepDefinitionError(ValueError):
+    """A step (or the set of steps) is declared in a way the executor cannot run.
+
+    Defined here, the lowest module of the declarations (`executor.steps` imports this one),
+    so that `ResourceConfig` can raise it too; `executor.steps`, `executor.graph` and
+    `executor` re-export it. `executor_main` reports it as one line (with the script's file
+    and line when it is raised at the top of a script). A ValueError, so callers catching
+    ValueError keep working.
+    """
+
 
 _RAY_GPU_TYPES = (
     "V100",
@@ -79,7 +95,7 @@ _SIZE_HELP = (
 
 def _check_positive_int(owner: str, name: str, value: Any) -> None:
     if type(value) is not int or value < 1:
-        raise ValueError(f"{owner}.{name} must be an integer >= 1, got {value!r}")
+        raise StepDefinitionError(f"{owner}.{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -110,7 +126,9 @@ class GpuConfig:
 
     def __post_init__(self):
         if not isinstance(self.variant, str) or not self.variant.strip():
-            raise ValueError(f'GpuConfig.variant must be a GPU model name or "auto", got {self.variant!r}')
+            raise StepDefinitionError(
+                f'GpuConfig.variant must be a GPU model name or "auto", got {self.variant!r}'
+            )
         _check_positive_int("GpuConfig", "count", self.count)
         lower = self.variant.strip().lower()
         canonical = "auto" if lower == "auto" else _RAY_GPU_TYPE_BY_LOWER.get(lower, self.variant.strip())
@@ -147,7 +165,7 @@ class TpuConfig:
 
     def __post_init__(self):
         if not isinstance(self.variant, str):
-            raise ValueError(f"TpuConfig.variant must be a string like 'v4-8', got {self.variant!r}")
+            raise StepDefinitionError(f"TpuConfig.variant must be a string like 'v4-8', got {self.variant!r}")
         variant = self.variant.strip().lower()
         generation, _, size = variant.partition("-")
         digits = generation[1:].rstrip("abcdefghijklmnopqrstuvwxyz")  # "v5litepod" -> "5"
@@ -162,7 +180,7 @@ class TpuConfig:
             and int(size) > 0
         )
         if not valid:
-            raise ValueError(
+            raise StepDefinitionError(
                 f"TpuConfig.variant {self.variant!r} is not a TPU type: expected v<generation>[letters]-<size>, "
                 "e.g. 'v4-8', 'v5p-8', 'v5litepod-16', 'v6e-8'"
             )
@@ -171,7 +189,7 @@ class TpuConfig:
         if self.topology is not None:
             dims = self.topology.split("x") if isinstance(self.topology, str) else []
             if not dims or not all(d.isascii() and d.isdigit() and int(d) > 0 for d in dims):
-                raise ValueError(
+                raise StepDefinitionError(
                     f"TpuConfig.topology must be None or dimensions joined by 'x' (e.g. '2x2x1'), "
                     f"got {self.topology!r}"
                 )
@@ -272,36 +290,46 @@ class ResourceConfig:
 
     def __post_init__(self):
         if type(self.cpu) not in (int, float) or not math.isfinite(self.cpu) or self.cpu <= 0:
-            raise ValueError(f"ResourceConfig.cpu must be a number > 0, got {self.cpu!r}")
+            raise StepDefinitionError(
+                f"ResourceConfig.cpu must be a number > 0, got {self.cpu!r}: give the CPU cores per "
+                "replica, e.g. cpu=4 or cpu=0.5"
+            )
         for name in ("ram", "disk"):
             value = getattr(self, name)
             if value is not None:
-                parse_size(value, f"ResourceConfig.{name}")
+                try:
+                    parse_size(value, f"ResourceConfig.{name}")
+                except ValueError as error:
+                    raise StepDefinitionError(str(error)) from None
         if not isinstance(self.device, _DEVICE_TYPES):
-            raise ValueError(
+            raise StepDefinitionError(
                 f"ResourceConfig.device must be a CpuConfig, GpuConfig or TpuConfig, got {self.device!r}"
             )
         if type(self.preemptible) is not bool:
-            raise ValueError(f"ResourceConfig.preemptible must be True or False, got {self.preemptible!r}")
+            raise StepDefinitionError(
+                f"ResourceConfig.preemptible must be True or False, got {self.preemptible!r}"
+            )
         if self.regions is not None:
             if isinstance(self.regions, str) or not isinstance(self.regions, (list, tuple)):
-                raise ValueError(
+                raise StepDefinitionError(
                     f"ResourceConfig.regions must be None or a tuple of region names, got {self.regions!r}"
                 )
             if not all(isinstance(r, str) and r.strip() for r in self.regions):
-                raise ValueError(f"ResourceConfig.regions must hold non-empty strings, got {self.regions!r}")
+                raise StepDefinitionError(
+                    f"ResourceConfig.regions must hold non-empty strings, got {self.regions!r}"
+                )
             object.__setattr__(self, "regions", tuple(self.regions))
         _check_positive_int("ResourceConfig", "replicas", self.replicas)
         if isinstance(self.device_alternatives, _DEVICE_TYPES) or not isinstance(
             self.device_alternatives, (list, tuple)
         ):
-            raise ValueError(
+            raise StepDefinitionError(
                 "ResourceConfig.device_alternatives must be a tuple of CpuConfig, GpuConfig or TpuConfig, "
                 f"got {self.device_alternatives!r}"
             )
         for alternative in self.device_alternatives:
             if not isinstance(alternative, _DEVICE_TYPES):
-                raise ValueError(
+                raise StepDefinitionError(
                     "ResourceConfig.device_alternatives must hold CpuConfig, GpuConfig or TpuConfig values, "
                     f"got {alternative!r}"
                 )
@@ -354,9 +382,24 @@ class ResourceConfig:
     ) -> ResourceConfig:
         """`slice_count` TPU slices of a variant ("v4-8"), or of the first acceptable one of a
         list (["v5p-8", "v4-8"]: the first is preferred, the rest are alternatives)."""
-        variants = [variant_or_list] if isinstance(variant_or_list, str) else list(variant_or_list)
+        if isinstance(variant_or_list, str):
+            variants = [variant_or_list]
+        elif isinstance(variant_or_list, (list, tuple)):
+            variants = list(variant_or_list)
+        else:
+            raise StepDefinitionError(
+                "ResourceConfig.with_tpu takes a TPU variant like 'v4-8' or a list of them, "
+                f"got {type(variant_or_list).__name__} {variant_or_list!r}"
+            )
         if not variants:
-            raise ValueError("ResourceConfig.with_tpu needs at least one TPU variant, got an empty list")
+            raise StepDefinitionError(
+                "ResourceConfig.with_tpu needs at least one TPU variant, got an empty list"
+            )
+        if type(slice_count) is not int or slice_count < 1:
+            raise StepDefinitionError(
+                f"ResourceConfig.with_tpu: slice_count must be an integer >= 1 (slices the step runs on), "
+                f"got {slice_count!r}"
+            )
         devices = [TpuConfig(variant) for variant in variants]
         return ResourceConfig(
             cpu=cpu,

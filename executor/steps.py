@@ -18,7 +18,10 @@ ports by changing only its imports:
 - `versioned(v)`: mark a config value as part of the step's identity (its hash).
 
 A step's name is checked when the step is built (see `check_step_name`): it becomes a
-path under the prefix, so it must be one unambiguously.
+path under the prefix, so it must be one unambiguously. So are the sub-paths given to
+`step / "sub"`, `output_path_of(step, "sub")` and `this_output_path("sub")` (see
+`sub_path_problem`): relative, without '.', '..' or empty parts, so that no input or
+output leads out of its step's output directory. Mistakes raise `StepDefinitionError`.
 """
 
 from __future__ import annotations
@@ -28,14 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from executor.resources import ResourceConfig
+# StepDefinitionError is defined in executor.resources (imported here, and by executor.resources'
+# own constructors) and re-exported from here, executor.graph and executor.
+from executor.resources import ResourceConfig, StepDefinitionError
 
 ConfigT = TypeVar("ConfigT")
 T = TypeVar("T")
-
-
-class StepDefinitionError(ValueError):
-    """A step (or the set of steps) is declared in a way the executor cannot run."""
 
 
 RESERVED_FIRST_PARTS = ("experiments",)
@@ -108,6 +109,60 @@ def _join(base: str | None, sub: str | None) -> str | None:
     return f"{base.rstrip('/')}/{sub.lstrip('/')}"
 
 
+_SUB_PATH_FORM = (
+    "like 'data/part-0', 'tokenizer/' or 'data/*.jsonl.gz' (no leading '/', and no '.', '..' or empty parts)"
+)
+
+
+def sub_path_problem(name: Any) -> str | None:
+    """Why `name` cannot be a sub-path inside an output directory; None when it can.
+
+    A sub-path is None or a string relative to the directory: no leading '/' (nor a URL), and
+    no '', '.' or '..' part, any of which would name something else than a path inside it
+    (`DEP[0]//etc/passwd`, `out/../../x`). Trailing '/'s are kept as written ("tokenizer/"),
+    and "" is the directory itself, as None is.
+    """
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        return f"must be a string, got {type(name).__name__} {name!r}"
+    if not name:
+        return None
+    if name.startswith("/"):
+        return "is absolute (starts with '/')"
+    wrapped = f"/{name.rstrip('/')}/"
+    if "/../" in wrapped:
+        return "has a '..' part, which leads out of the output directory"
+    if "/./" in wrapped:
+        return "has a '.' part"
+    if "//" in wrapped:
+        return "has an empty part ('//'; a URL is not a sub-path)"
+    return None
+
+
+def check_input_sub_path(step: ExecutorStep, name: Any, where: str = "") -> None:
+    """Raise StepDefinitionError unless `name` is a sub-path `step`'s output may have (see
+    `sub_path_problem`); `where` (e.g. "step 'b', field 'x': ") starts the message."""
+    problem = sub_path_problem(name)
+    if problem is not None:
+        shown = f" {name!r}" if isinstance(name, str) else ""
+        raise StepDefinitionError(
+            f"{where}the sub-path{shown} of the output of step {step.name!r} {problem}: give a path "
+            f"relative to that output directory, {_SUB_PATH_FORM}"
+        )
+
+
+def check_output_sub_path(name: Any, where: str = "") -> None:
+    """Raise StepDefinitionError unless `name` is a sub-path `this_output_path(name)` may have."""
+    problem = sub_path_problem(name)
+    if problem is not None:
+        shown = f"this_output_path({name!r})" if isinstance(name, str) else "this_output_path()"
+        raise StepDefinitionError(
+            f"{where}{shown}: the sub-path {problem}: give a path relative to the step's own output "
+            f"directory, {_SUB_PATH_FORM}"
+        )
+
+
 # eq=False: steps are identified by object identity during graph collection (their
 # configs usually hold lists and dicts, so value hashing is impossible anyway); two
 # steps that are the same *by value* collapse later because their versions are equal.
@@ -147,6 +202,7 @@ class ExecutorStep(Generic[ConfigT]):
 
     def cd(self, name: str) -> InputName:
         """The sub-path `name` of this step's output, as an input for another step."""
+        check_input_sub_path(self, name)
         return InputName(self, name)
 
     def __truediv__(self, name: str) -> InputName:
@@ -196,7 +252,15 @@ class InputName:
     """Whether the consumer waits for the producer (and runs it if needed)."""
 
     def cd(self, name: str) -> InputName:
-        return dataclasses.replace(self, name=_join(self.name, name))
+        if name is not None and not isinstance(name, str):
+            owner = f"step {self.step.name!r}" if self.step is not None else repr(self.name)
+            raise StepDefinitionError(
+                f"a sub-path of {owner} must be a string, got {type(name).__name__} {name!r}"
+            )
+        joined = _join(self.name, name)
+        if self.step is not None:
+            check_input_sub_path(self.step, joined)
+        return dataclasses.replace(self, name=joined)
 
     def __truediv__(self, name: str) -> InputName:
         return self.cd(name)
@@ -217,6 +281,8 @@ class InputName:
 
 def output_path_of(step: ExecutorStep, name: str | None = None) -> InputName:
     """The output path of `step` (optionally a sub-path), as an input for another step."""
+    if isinstance(step, ExecutorStep):
+        check_input_sub_path(step, name)
     return InputName(step, name)
 
 
@@ -226,7 +292,7 @@ def get_executor_step(value: ExecutorStep | InputName) -> ExecutorStep:
         return value
     if isinstance(value, InputName) and value.step is not None:
         return value.step
-    raise ValueError(f"{value!r} does not refer to a step")
+    raise StepDefinitionError(f"{value!r} does not refer to a step")
 
 
 @dataclass(frozen=True)
@@ -239,6 +305,7 @@ class OutputName:
 
 def this_output_path(name: str | None = None) -> OutputName:
     """The step's own output path (or `name` under it), filled in at run time."""
+    check_output_sub_path(name)
     return OutputName(name)
 
 
@@ -255,9 +322,9 @@ class VersionedValue(Generic[T]):
 def versioned(value: T) -> VersionedValue[T]:
     """Mark `value` as versioned: changing it changes the step's hash and output path."""
     if isinstance(value, VersionedValue):
-        raise ValueError(f"versioned() was given a value that is already versioned: {value!r}")
+        raise StepDefinitionError(f"versioned() was given a value that is already versioned: {value!r}")
     if isinstance(value, (InputName, ExecutorStep, OutputName)):
-        raise ValueError(
+        raise StepDefinitionError(
             f"versioned() cannot wrap {type(value).__name__} {value!r}: inputs are always part of "
             "the version (as their producer's version), and the output path is derived from it"
         )
@@ -307,12 +374,12 @@ def mirrored(
     """
     path = unwrap_versioned_value(value)
     if isinstance(value, (MirroredValue, InputName, ExecutorStep, OutputName)) or not isinstance(path, str):
-        raise ValueError(
+        raise StepDefinitionError(
             f"mirrored() takes a path relative to the prefix (a str, or versioned(str)), got {value!r}"
         )
     parts = path.strip("/").split("/")
     if path.startswith("/") or "://" in path or any(part in ("", ".", "..") for part in parts):
-        raise ValueError(
+        raise StepDefinitionError(
             f"mirrored({path!r}): give a path relative to the prefix, like 'raw/dclm', without a "
             "scheme, a leading '/', or '.', '..' or empty parts"
         )
@@ -321,7 +388,7 @@ def mirrored(
         or not isinstance(budget_gb, (int, float))
         or not 0 < budget_gb < float("inf")
     ):
-        raise ValueError(
+        raise StepDefinitionError(
             f"mirrored({path!r}): budget_gb must be a positive number of gigabytes, got {budget_gb!r}"
         )
     clean = path.rstrip("/")

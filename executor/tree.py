@@ -132,7 +132,9 @@ class StatusEvent:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"not valid JSON ({error.msg} at column {error.colno}; truncated?)") from None
+            raise ValueError(
+                f"not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno}; truncated?)"
+            ) from None
         except RecursionError:
             raise ValueError("not a status event (JSON nested too deeply)") from None
         if not isinstance(record, dict):

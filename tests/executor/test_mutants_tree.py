@@ -76,7 +76,7 @@ def test_a_status_line_without_a_date_reads_as_an_empty_date():
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"status": "SUCC', "not valid JSON (Unterminated string starting at at column 12; truncated?)"),
+        ('{"status": "SUCC', "not valid JSON (Unterminated string starting at column 12; truncated?)"),
         ("[1, 2]", "a JSON list, not a status event object"),
         (
             '{"status": "DONE"}',
