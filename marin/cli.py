@@ -287,25 +287,26 @@ def cmd_tree(args: argparse.Namespace) -> int:
                 children[dep].append(path)
     roots = [path for path, deps in depends.items() if not [d for d in deps if d in by_path]]
     shown: set[str] = set()
-
-    def line(path: str, lead: str, branch: str) -> None:
-        entry, output = by_path[path]
+    # Depth first with a stack, not recursion: a manifest (untrusted) may chain thousands of
+    # steps, past Python's recursion limit. Children are pushed last first, so they are drawn
+    # in order, each one's subtree before the next.
+    stack: list[tuple[str, str, str]] = [(root, "", "") for root in reversed(roots)]
+    while stack:
+        path, lead, branch = stack.pop()
+        _entry, output = by_path[path]
         status = output.status if output else "MISSING"
         duration = human_duration(output.duration_s) if output else ""
         rel = tree.relpath(path)
         if path in shown:
             print(f"{lead}{branch}{rel}  (see above)")
-            return
+            continue
         shown.add(path)
         print(f"{lead}{branch}{rel}  [{status}] {duration}".rstrip())
         kids = children[path]
-        for index, kid in enumerate(kids):
+        extension = "   " if branch in ("", "└─ ") else "│  "
+        for index in reversed(range(len(kids))):
             last = index == len(kids) - 1
-            extension = "   " if branch in ("", "└─ ") else "│  "
-            line(kid, lead + (extension if branch else ""), "└─ " if last else "├─ ")
-
-    for root in roots:
-        line(root, "", "")
+            stack.append((kids[index], lead + (extension if branch else ""), "└─ " if last else "├─ "))
     return 0
 
 

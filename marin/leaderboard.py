@@ -162,7 +162,8 @@ def _select(tree: OutputTree, pattern: str | None) -> list[StepOutput]:
 
 def _load_run(tree: OutputTree, step: StepOutput) -> Run | None:
     info = step.info or {}
-    if info.get("fn_name") not in TRAINING_FUNCTIONS or step.status != "SUCCESS":
+    fn_name = info.get("fn_name")  # untrusted: a dict or a list there is unhashable
+    if not isinstance(fn_name, str) or fn_name not in TRAINING_FUNCTIONS or step.status != "SUCCESS":
         return None
     try:
         stats = _json_object(tree.read_record(f"{step.path}/{STATS_FILE}", limit=1 << 20))
@@ -214,7 +215,8 @@ def _name_inputs(config: dict[str, Any], step: StepOutput, tree: OutputTree) -> 
 
     def named(value: Any) -> Any:
         if isinstance(value, str):
-            match = re.fullmatch(r"DEP\[(\d+)\](/.*)?", value)
+            # At most 9 ASCII digits: int() refuses thousands of digits (ValueError).
+            match = re.fullmatch(r"DEP\[([0-9]{1,9})\](/.*)?", value)
             if match and int(match.group(1)) < len(names):
                 return names[int(match.group(1))] + (match.group(2) or "")
         return value
@@ -249,9 +251,15 @@ def _json_object(data: bytes | None) -> dict[str, Any] | None:
 
 
 def _number(value: Any) -> float | None:
-    if type(value) in (int, float) and math.isfinite(value):
-        return float(value)
-    return None
+    """A finite number read from the tree, else None (a bool, a string, NaN, or an integer of
+    hundreds of digits, which json.loads reads and no float can hold)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _int(value: Any) -> int | None:

@@ -19,6 +19,7 @@ bounded reads, numbers type-checked; nothing named in it is imported or called.
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,9 @@ class Prediction:
     def relative_error(self) -> float | None:
         if self.actual_loss is None or not self.predicted_loss:
             return None
-        return (self.actual_loss - self.predicted_loss) / self.predicted_loss
+        error = (self.actual_loss - self.predicted_loss) / self.predicted_loss
+        # Finite losses near the float limit (untrusted) may still overflow to +-inf here.
+        return error if math.isfinite(error) else None
 
     @property
     def preceded_training(self) -> bool | None:

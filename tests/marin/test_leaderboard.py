@@ -160,3 +160,86 @@ def test_the_browser_page_shows_the_same_ranking(board):
     order = [html.index(f"checkpoints/{name}-") for name in ("c", "a", "b")]
     assert order == sorted(order)
     assert App(board).handle("/leaderboard?by=accuracy").status == 400
+
+
+# -- a tampered tree (found by a red-team pass): odd values are taken as unread -----------------
+HUGE = 10**400
+"""What json.loads reads from 400 digits: an int no float can hold (math.isfinite raises)."""
+
+
+def run_named(prefix: str, name: str):
+    (run,) = [run for run in training_runs(OutputTree(prefix)) if run.step.name == name]
+    return run
+
+
+def every_view(prefix: str, capsys) -> str:
+    """The board as each command and option prints it: all exit 0, no traceback."""
+    out = ""
+    for args in ([], ["--json"], ["--by", "bpb"], ["--by", "bpb", "--json"]):
+        assert marin(["leaderboard", "--prefix", prefix, *args]) == 0, args
+        captured = capsys.readouterr()
+        assert "Traceback" not in captured.err
+        out += captured.out
+    return out
+
+
+@pytest.mark.parametrize("fn", [{"a": 1}, ["operations.train:train"], 5, None])
+def test_a_step_whose_function_is_not_a_name_is_not_a_training_run(tmp_path, capsys, fn):
+    prefix = str(tmp_path / "tree")
+    write_run(prefix, "checkpoints/good", loss=3.0)
+    write_run(prefix, "checkpoints/odd", loss=2.0, fn=fn)
+
+    assert [run.step.name for run in training_runs(OutputTree(prefix))] == ["checkpoints/good"]
+    out = every_view(prefix, capsys)
+    assert "checkpoints/good-" in out and "checkpoints/odd" not in out
+
+
+@pytest.mark.parametrize(
+    "where, key, field",
+    [
+        ("stats", "final_eval_loss", "eval_loss"),
+        ("stats", "parameter_count", "parameters"),
+        ("stats", "median_tokens_per_second", "tokens_per_second"),
+        ("metrics", "eval/bpb", "eval_bpb"),
+        ("metrics", "throughput/mfu", "mfu"),
+    ],
+)
+def test_a_number_too_large_for_a_float_is_no_number(tmp_path, capsys, where, key, field):
+    prefix = str(tmp_path / "tree")
+    write_run(prefix, "checkpoints/good", loss=3.0, bpb=1.2)
+    odd = write_run(prefix, "checkpoints/odd", loss=2.0, bpb=1.1)
+    if where == "stats":
+        stats = {"final_eval_loss": 2.0, "parameter_count": 64000, "median_tokens_per_second": 2500.0}
+        with open(os.path.join(odd, "stats.json"), "w") as handle:
+            json.dump({**stats, key: HUGE}, handle)
+    else:
+        with open(os.path.join(odd, "metrics.jsonl"), "a") as handle:
+            handle.write(json.dumps({"step": 3, key: HUGE}) + "\n")
+
+    assert getattr(run_named(prefix, "checkpoints/odd"), field) is None
+    assert "checkpoints/odd-" in every_view(prefix, capsys)
+
+
+def test_tokens_too_many_for_a_float_are_taken_from_the_config(tmp_path, capsys):
+    prefix = str(tmp_path / "tree")
+    write_run(prefix, "checkpoints/good", loss=3.0)
+    write_run(prefix, "checkpoints/odd", loss=2.0, tokens=HUGE)
+
+    (group,) = rank(training_runs(OutputTree(prefix)), "loss")
+    assert group.tokens == 2 * 4 * 128 and names(group) == ["checkpoints/odd", "checkpoints/good"]
+    assert "1,024 tokens (2 runs)" in every_view(prefix, capsys)
+
+
+def test_an_input_index_of_thousands_of_digits_is_shown_as_written(tmp_path, capsys):
+    # int() refuses more than 4300 digits (ValueError): the value is left as it was recorded.
+    prefix = str(tmp_path / "tree")
+    write_run(prefix, "checkpoints/good", loss=3.0)
+    odd = write_run(prefix, "checkpoints/odd", loss=2.0)
+    with open(os.path.join(odd, ".executor_info")) as handle:
+        info = json.load(handle)
+    info["version"]["config"]["tokenized_path"] = "DEP[" + "9" * 5000 + "]"
+    with open(os.path.join(odd, ".executor_info"), "w") as handle:
+        json.dump(info, handle)
+
+    assert run_named(prefix, "checkpoints/odd").version_config["tokenized_path"].startswith("DEP[999")
+    assert "checkpoints/odd-" in every_view(prefix, capsys)

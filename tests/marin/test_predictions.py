@@ -289,3 +289,76 @@ def test_a_real_browser_shows_the_prediction_and_the_report_plot(complete, page)
         assert plot.evaluate("img => img.naturalWidth") == 1
     finally:
         server.shutdown()
+
+
+# -- a tampered tree (found by a red-team pass): odd numbers are taken as unread ----------------
+HUGE = 10**400
+"""What json.loads reads from 400 digits: an int no float can hold (math.isfinite raises)."""
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "predicted_loss",
+        "interval",
+        "confidence",
+        "extrapolation",
+        "target_parameters",
+        "flops",
+        "actual_loss",
+        "final_eval_loss",
+    ],
+)
+def test_a_number_too_large_for_a_float_is_no_number(tmp_path, capsys, field):
+    prefix = str(tmp_path / "tree")
+    prediction, record = write_prediction(prefix)
+    if field == "interval":
+        record["interval"] = [2.9, HUGE]
+    elif field == "flops":
+        record["target"]["flops"] = HUGE
+    elif field in record:
+        record[field] = HUGE
+    record["digest"] = digest_of(record)  # sealed as written: only the number is odd
+    write_json(prediction, "prediction.json", record)
+    target = write_target(
+        prefix, prediction, record["digest"], loss=HUGE if field == "final_eval_loss" else 3.05
+    )
+    if field != "final_eval_loss":  # the target's stats.json is read only when no report says
+        write_report(prefix, prediction, target, HUGE if field == "actual_loss" else 3.05)
+
+    p = only(prefix)
+    read = {
+        "interval": p.interval,
+        "flops": p.target_flops,
+        "actual_loss": p.actual_loss,
+        "final_eval_loss": p.actual_loss,
+    }.get(field, getattr(p, field, None))
+    assert p.intact is True
+    if field == "actual_loss":  # the report's number is no number: the target's stats.json is read
+        assert read == 3.05
+    else:
+        assert read is None
+    for command in (
+        ["predictions"],
+        ["predictions", "--json"],
+        ["show", "predictions/big"],
+        ["show", "predictions/big", "--json"],
+        ["show", target],
+    ):
+        assert marin([*command, "--prefix", prefix]) == 0, command
+        captured = capsys.readouterr()
+        assert "Traceback" not in captured.err and "predictions/big-" in captured.out
+
+
+def test_an_error_that_overflows_a_float_is_not_reported(tmp_path, capsys):
+    # Both losses are finite floats; their difference is not (JSON has no Infinity).
+    prefix = str(tmp_path / "tree")
+    prediction, record = write_prediction(prefix, loss=-1e308, interval=None)
+    write_target(prefix, prediction, record["digest"], loss=1e308)
+
+    assert only(prefix).relative_error is None
+    assert marin(["predictions", "--prefix", prefix, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(name))
+    assert (row["actual_loss"], row["relative_error"]) == (1e308, None)
+    assert marin(["predictions", "--prefix", prefix]) == 0
+    assert marin(["show", "predictions/big", "--prefix", prefix]) == 0

@@ -1,0 +1,86 @@
+"""`marin tree` on DAGs of any shape: a chain thousands of steps deep is drawn, not a
+RecursionError, and an ordinary DAG is drawn exactly as before.
+
+Found by a red-team pass (a 1,500-step dependency chain). The trees are written by real
+executor runs of the step function below.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from executor import Executor, ExecutorStep, this_output_path, versioned
+from tests.marin.sample_tree import FAST_LEASES, marin
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    output_path: str
+    left: str | None = None
+    right: str | None = None
+    text: str = ""
+
+
+def write_join(config: JoinConfig) -> None:
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "join.txt"), "w") as handle:
+        handle.write(f"{config.text} {config.left} {config.right}\n")
+
+
+def step(name: str, left: ExecutorStep | None = None, right: ExecutorStep | None = None) -> ExecutorStep:
+    return ExecutorStep(
+        name=name, fn=write_join, config=JoinConfig(this_output_path(), left, right, versioned(name))
+    )
+
+
+def drawn(out: str) -> list[str]:
+    """The DAG's lines, with the hashes and durations (which vary run to run) left out."""
+    lines = [re.sub(r"-[0-9a-f]{8}  ", "  ", line) for line in out.splitlines()[1:]]
+    return [re.sub(r"(\[\w+\]).*", r"\1", line) for line in lines]
+
+
+def test_a_chain_thousands_of_steps_deep_is_drawn(tmp_path, capsys):
+    prefix = str(tmp_path / "tree")
+    chain = [step("chain/0")]
+    for index in range(1, 1500):
+        chain.append(step(f"chain/{index}", chain[-1]))
+    Executor(prefix, lease_config=FAST_LEASES, console=False).run(chain)
+
+    code, out, err = marin(capsys, "tree", "--prefix", prefix)
+
+    assert code == 0, err[-2000:]
+    lines = drawn(out)
+    assert len(lines) == 1500
+    assert lines[0] == "chain/0  [SUCCESS]"
+    assert lines[1] == "└─ chain/1  [SUCCESS]"
+    assert lines[-1] == "   " * 1498 + "└─ chain/1499  [SUCCESS]"
+
+
+def test_a_dag_with_branches_and_shared_steps_is_drawn_as_before(tmp_path, capsys):
+    # Drawn by the recursive renderer this replaced; the iterative one must draw the same.
+    prefix = str(tmp_path / "tree")
+    root = step("dag/root")
+    left, right, alone = step("dag/left", root), step("dag/right", root), step("dag/alone")
+    join = step("dag/join", left, right)
+    under_left = step("dag/under-left", left)
+    tail = step("dag/tail", join, alone)
+    Executor(prefix, lease_config=FAST_LEASES, console=False).run(
+        [root, left, right, alone, join, under_left, tail]
+    )
+
+    code, out, err = marin(capsys, "tree", "--prefix", prefix)
+
+    assert code == 0, err
+    assert drawn(out) == [
+        "dag/root  [SUCCESS]",
+        "├─ dag/left  [SUCCESS]",
+        "│  ├─ dag/join  [SUCCESS]",
+        "│  │  └─ dag/tail  [SUCCESS]",
+        "│  └─ dag/under-left  [SUCCESS]",
+        "└─ dag/right  [SUCCESS]",
+        "   └─ dag/join  (see above)",
+        "dag/alone  [SUCCESS]",
+        "└─ dag/tail  (see above)",
+    ]
