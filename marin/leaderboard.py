@@ -20,13 +20,12 @@ metrics are read from their last `METRICS_TAIL_BYTES`), numbers type-checked.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from executor.diffing import flatten
-from marin.outputs import OutputTree, RefError, StepOutput, TreeFileError
+from marin.outputs import OutputTree, RefError, StepOutput, TreeFileError, finite_number
 
 TRAINING_FUNCTIONS = frozenset(
     {
@@ -177,11 +176,11 @@ def _load_run(tree: OutputTree, step: StepOutput) -> Run | None:
     return Run(
         step=step,
         tokens=_int(last.get("throughput/total_tokens")) or _tokens_from_config(info.get("config")),
-        eval_loss=_number(stats.get("final_eval_loss")),
-        eval_bpb=_number(last.get("eval/bpb")),
+        eval_loss=finite_number(stats.get("final_eval_loss")),
+        eval_bpb=finite_number(last.get("eval/bpb")),
         parameters=_int(stats.get("parameter_count")),
-        tokens_per_second=_number(stats.get("median_tokens_per_second")),
-        mfu=_number(last.get("throughput/mfu")),
+        tokens_per_second=finite_number(stats.get("median_tokens_per_second")),
+        mfu=finite_number(last.get("throughput/mfu")),
         version_config=_name_inputs(config, step, tree),
     )
 
@@ -250,20 +249,8 @@ def _json_object(data: bytes | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _number(value: Any) -> float | None:
-    """A finite number read from the tree, else None (a bool, a string, NaN, or an integer of
-    hundreds of digits, which json.loads reads and no float can hold)."""
-    if type(value) not in (int, float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _int(value: Any) -> int | None:
-    number = _number(value)
+    number = finite_number(value)
     return int(number) if number is not None and number == int(number) and number >= 0 else None
 
 

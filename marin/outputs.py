@@ -279,16 +279,23 @@ def iso_seconds(date: str | None) -> float | None:
         return None
 
 
+def finite_number(value: Any) -> float | None:
+    """A number read from a tree as a finite float, else None: a bool, a string, and what JSON
+    allows past a float (an integer of hundreds of digits, `Infinity`, `NaN`)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def human_duration(seconds: Any) -> str:
     """'12.0s', '1.5m', '2.0h'; '' for anything but a finite number (a status line's
     `duration_s` is untrusted: a string, a 400-digit integer, Infinity)."""
-    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
-        return ""
-    try:
-        seconds = float(seconds)
-    except OverflowError:
-        return ""
-    if not math.isfinite(seconds):
+    seconds = finite_number(seconds)
+    if seconds is None:
         return ""
     if seconds < 60:
         return f"{seconds:.1f}s"

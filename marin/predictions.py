@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from marin.leaderboard import _json_object, _number
-from marin.outputs import OutputTree, StepOutput, TreeFileError
+from marin.leaderboard import _json_object
+from marin.outputs import OutputTree, StepOutput, TreeFileError, finite_number
 
 PREDICTION_FN = "operations.scaling_laws:write_prediction"
 TARGET_FN = "operations.scaling_laws:train_preregistered"
@@ -189,9 +189,9 @@ def load(tree: OutputTree, step: StepOutput) -> Prediction:
     target, report = _dependents(tree, step)
     prereg = _read(tree, target, PREREGISTRATION_FILE) if target else {}
     report_record = _read(tree, report, REPORT_FILE) if report else {}
-    actual = _number(report_record.get("actual_loss"))
+    actual = finite_number(report_record.get("actual_loss"))
     if actual is None and target is not None and target.status == "SUCCESS":
-        actual = _number(_read(tree, target, "stats.json").get("final_eval_loss"))
+        actual = finite_number(_read(tree, target, "stats.json").get("final_eval_loss"))
     started = [
         value
         for value in (prereg.get("training_started_at"), _first_running(target))
@@ -201,20 +201,20 @@ def load(tree: OutputTree, step: StepOutput) -> Prediction:
         step=step,
         problem=problem,
         target_label=target_info.get("label") if isinstance(target_info.get("label"), str) else None,
-        target_flops=_number(target_info.get("flops")),
-        target_parameters=_number(record.get("target_parameters"))
-        or (_number(parameters.get(counted)) if isinstance(counted, str) else None),
-        predicted_loss=_number(record.get("predicted_loss")),
+        target_flops=finite_number(target_info.get("flops")),
+        target_parameters=finite_number(record.get("target_parameters"))
+        or (finite_number(parameters.get(counted)) if isinstance(counted, str) else None),
+        predicted_loss=finite_number(record.get("predicted_loss")),
         interval=(
             (float(interval[0]), float(interval[1]))
             if isinstance(interval, list)
             and len(interval) == 2
-            and all(_number(v) is not None for v in interval)
+            and all(finite_number(v) is not None for v in interval)
             else None
         ),
-        confidence=_number(record.get("confidence")),
+        confidence=finite_number(record.get("confidence")),
         created_at=record.get("created_at") if _time(record.get("created_at")) else None,
-        extrapolation=_number(record.get("extrapolation")),
+        extrapolation=finite_number(record.get("extrapolation")),
         intact=None if problem else (digest is not None and digest == _digest(record)),
         digest=digest,
         target=target,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import threading
 import time
@@ -38,7 +37,15 @@ from urllib.parse import parse_qs
 from executor.store import Store, normalize_prefix, open_store
 from executor.tree import INFO_FILE, LEASE_FILE, LOG_FILE, STATUS_FILE
 from marin import leaderboard, predictions
-from marin.outputs import Experiment, OutputTree, StepOutput, human_duration, human_size, iso_age
+from marin.outputs import (
+    Experiment,
+    OutputTree,
+    StepOutput,
+    finite_number,
+    human_duration,
+    human_size,
+    iso_age,
+)
 
 from . import files as filepages
 from .html import badge, esc, kv, link, num, page, pager, pretty_json, table, url
@@ -611,11 +618,11 @@ class App:
         lines = 0
         for _number, record in filepages.iter_records(self.store, metrics):
             lines += 1
-            at = _finite(record.get("step")) if record else None
+            at = finite_number(record.get("step")) if record else None
             if at is None:
                 continue
             for key, value in record.items():
-                number = _finite(value)
+                number = finite_number(value)
                 if number is None:
                     continue
                 if key in METRIC_KEYS or (key.startswith("eval/") and "time" not in key and "//" not in key):
@@ -986,18 +993,6 @@ def _entry_deps(entry: dict[str, Any]) -> tuple[str, ...]:
     """The output paths a manifest entry reads (its `dependencies`: paths or objects)."""
     recorded = entry.get("dependencies")
     return tuple(_dep_path(dep) for dep in recorded) if isinstance(recorded, list) else ()
-
-
-def _finite(value: Any) -> float | None:
-    """A metric as a float; None for anything else, and for what JSON allows past a float
-    (a 400-digit integer, `Infinity`, `NaN`): the charts and tables need finite numbers."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _str(value: Any) -> str:

@@ -56,13 +56,23 @@ def write_step(name: str, fn=write_value) -> ExecutorStep:
     )
 
 
-def start_script(tmp_path, step_sleep: float, heavy: bool = False, shell_redirect: str = "", **popen):
-    """The experiment in a subprocess; `shell_redirect` (e.g. ">&-") is applied by a shell."""
+def start_script(
+    tmp_path,
+    step_sleep: float,
+    heavy: bool = False,
+    shell_redirect: str = "",
+    text: str = SCRIPT,
+    extra_env: dict | None = None,
+    **popen,
+):
+    """The experiment (`text`) in a subprocess; `shell_redirect` (e.g. ">&-") is applied by a shell."""
     script = tmp_path / "experiment.py"
-    script.write_text(SCRIPT)
+    script.write_text(text)
     env = {key: value for key, value in os.environ.items() if key not in ("MARIN_PREFIX", "HEAVY")}
     env.pop("PYTHONUNBUFFERED", None)  # stdout block-buffered, as when piped to `head`
-    env.update(PYTHONPATH=REPO, STEP_SLEEP=str(step_sleep), **({"HEAVY": "1"} if heavy else {}))
+    env.update(
+        PYTHONPATH=REPO, STEP_SLEEP=str(step_sleep), **({"HEAVY": "1"} if heavy else {}), **(extra_env or {})
+    )
     command = [sys.executable, str(script), "--prefix", str(tmp_path / "out")]
     if shell_redirect:
         command = ["sh", "-c", 'exec "$@" ' + shell_redirect, "sh", *command]
@@ -139,20 +149,30 @@ def test_a_heavy_step_printing_to_a_closed_console_succeeds(tmp_path):
     assert_all_succeeded(tmp_path)
 
 
-def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path):
-    process = start_script(tmp_path, step_sleep=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def signal_when_running(
+    process: subprocess.Popen, tmp_path, signum: int, running: int = 1
+) -> tuple[bytes, bytes]:
+    """Send `signum` once `running` steps are RUNNING; the driver's (stdout, stderr)."""
     try:
         deadline = time.monotonic() + 60
-        while not [p for p in step_dirs(tmp_path) if (last_status(p) or {}).get("status") == "RUNNING"]:
+        while (
+            len([p for p in step_dirs(tmp_path) if (last_status(p) or {}).get("status") == "RUNNING"])
+            < running
+        ):
             assert time.monotonic() < deadline, "the steps never started"
             assert process.poll() is None, process.communicate()
             time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=30)
+        process.send_signal(signum)
+        return process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path):
+    process = start_script(tmp_path, step_sleep=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = signal_when_running(process, tmp_path, signal.SIGTERM)
     assert process.returncode == 130, (out, err)
     assert err.decode().strip().splitlines()[-1] == "error: interrupted"
     for path in step_dirs(tmp_path):
@@ -323,29 +343,10 @@ SECOND_CTRL_C = SCRIPT.replace(
 def test_a_second_ctrl_c_while_the_first_is_recorded_leaves_no_step_running(tmp_path):
     """Two quick presses: the second one cut the recording of the stopped steps short, which
     left them RUNNING with their leases (the next run waited out the lease timeout)."""
-    script = tmp_path / "experiment.py"
-    script.write_text(SECOND_CTRL_C)
-    env = {key: value for key, value in os.environ.items() if key not in ("MARIN_PREFIX", "HEAVY")}
-    env.update(PYTHONPATH=REPO, STEP_SLEEP="120")
-    process = subprocess.Popen(
-        [sys.executable, str(script), "--prefix", str(tmp_path / "out")],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    process = start_script(
+        tmp_path, step_sleep=120, text=SECOND_CTRL_C, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    try:
-        deadline = time.monotonic() + 60
-        while len([p for p in step_dirs(tmp_path) if (last_status(p) or {}).get("status") == "RUNNING"]) < 2:
-            assert time.monotonic() < deadline, "the steps never started"
-            assert process.poll() is None, process.communicate()
-            time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    out, err = signal_when_running(process, tmp_path, signal.SIGINT, running=2)
     assert process.returncode == 130, (out, err)
     assert err.decode().strip().splitlines()[-1] == "error: interrupted", err
     assert "press Ctrl-C again" in err.decode()

@@ -8,44 +8,11 @@ step runs used to leave the empty result file there, one per interrupted run.
 import os
 import signal
 import subprocess
-import sys
-import textwrap
 
 import pytest
 
+from tests.executor.test_console_and_signals import signal_when_running, start_script
 from tests.waiting import wait_for
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-SCRIPT = textwrap.dedent(
-    """
-    import os, time
-    from dataclasses import dataclass
-    from executor import ExecutorStep, ResourceConfig, executor_main, this_output_path, versioned
-
-    @dataclass(frozen=True)
-    class Config:
-        name: str
-        output_path: str
-
-    def sleeps(config: Config) -> None:
-        with open(os.environ["STEP_STARTED"], "w") as handle:
-            handle.write("started")
-        time.sleep(120)
-
-    if __name__ == "__main__":
-        executor_main(
-            steps=[
-                ExecutorStep(
-                    name="s/heavy",
-                    fn=sleeps,
-                    config=Config(versioned("a"), this_output_path()),
-                    resources=ResourceConfig.with_cpu(cpu=1),
-                )
-            ]
-        )
-    """
-)
 
 
 def leftovers(temp) -> list[str]:
@@ -56,28 +23,17 @@ def leftovers(temp) -> list[str]:
 def test_an_interrupted_heavy_step_leaves_no_temporary_files(tmp_path, signum):
     temp = tmp_path / "tmp"
     temp.mkdir()
-    started = tmp_path / "started"
-    script = tmp_path / "experiment.py"
-    script.write_text(SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key != "MARIN_PREFIX"}
-    env.update(PYTHONPATH=REPO, TMPDIR=str(temp), STEP_STARTED=str(started))
-    process = subprocess.Popen(
-        [sys.executable, str(script), "--prefix", str(tmp_path / "out")],
-        cwd=tmp_path,
-        env=env,
+    process = start_script(
+        tmp_path,
+        step_sleep=120,
+        heavy=True,
+        extra_env={"TMPDIR": str(temp)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    try:
-        wait_for(lambda: started.exists() or process.poll() is not None, timeout=60)
-        assert process.poll() is None, process.communicate()
-        assert leftovers(temp), "the step's result file should exist while it runs"
-        process.send_signal(signum)
-        out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    wait_for(lambda: leftovers(temp) or process.poll() is not None, timeout=60)
+    assert leftovers(temp), ("the step's files should exist while it runs", process.poll())
+    out, err = signal_when_running(process, tmp_path, signum, running=2)
     assert process.returncode == 130, (out, err)
     assert err.decode().strip().splitlines()[-1] == "error: interrupted"
     assert leftovers(temp) == []

@@ -23,6 +23,7 @@ import pytest
 from executor.tree import INFO_FILE, STATUS_FILE
 from marin.outputs import human_duration
 from marin.web.pages import App, Response
+from tests.marin.test_hostile_tree_readers import edit_json
 
 REPO = Path(__file__).resolve().parents[2]
 HELLO_WORLD = REPO / "experiments" / "tutorials" / "hello_world.py"
@@ -84,14 +85,6 @@ def ok(tree: Tree, target: str) -> str:
     status, body = get(tree, target)
     assert status == 200, f"{target}: {status} {body.partition('<main>')[2][:2000]}"
     return body
-
-
-def edit_json(path: str, change) -> None:
-    with open(path) as handle:
-        record = json.load(handle)
-    change(record)
-    with open(path, "w") as handle:
-        json.dump(record, handle)
 
 
 def edit_status_lines(path: str, change) -> None:
