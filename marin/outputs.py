@@ -788,10 +788,15 @@ class OutputTree:
     def experiment_steps(self, experiment: Experiment) -> list[tuple[dict[str, Any], StepOutput | None]]:
         """(manifest entry, the output as it is now or None if gone) per step of `experiment`."""
         entries = experiment.steps
+
+        def path_of(entry: dict[str, Any]) -> str:  # the manifest is untrusted: a list there is no path
+            path = entry.get("output_path")
+            return path if isinstance(path, str) else ""
+
         if "steps" in self.__dict__:
-            loaded = [self.by_path.get(entry.get("output_path", "")) for entry in entries]
+            loaded = [self.by_path.get(path_of(entry)) for entry in entries]
         else:  # read only this experiment's steps, not the whole tree
-            loaded = self._map(lambda entry: self.load_step(entry.get("output_path") or ""), entries)
+            loaded = self._map(lambda entry: self.load_step(path_of(entry)), entries)
         return list(zip(entries, loaded, strict=True))
 
     def referenced_paths(self) -> set[str]:

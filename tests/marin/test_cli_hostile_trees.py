@@ -84,3 +84,28 @@ def test_a_dag_with_branches_and_shared_steps_is_drawn_as_before(tmp_path, capsy
         "dag/alone  [SUCCESS]",
         "└─ dag/tail  (see above)",
     ]
+
+
+def test_a_manifest_entry_whose_output_path_is_not_a_string_is_a_missing_step(tmp_path):
+    """With the tree's steps already read, the lookup by path raised TypeError (unhashable list)."""
+    import json
+
+    from marin.outputs import OutputTree
+
+    prefix = str(tmp_path / "tree")
+    a = step("a")
+    Executor(prefix, lease_config=FAST_LEASES, console=False).run([step("b", a)])
+    manifests = os.path.join(prefix, "experiments")
+    (name,) = os.listdir(manifests)
+    with open(os.path.join(manifests, name)) as handle:
+        record = json.load(handle)
+    record["steps"][0]["output_path"] = ["not", "a", "path"]
+    with open(os.path.join(manifests, name), "w") as handle:
+        json.dump(record, handle)
+    for read_all_first in (True, False):
+        tree = OutputTree(prefix)
+        if read_all_first:
+            assert len(tree.steps) == 2
+        (experiment,) = tree.experiments
+        loaded = [found for _entry, found in tree.experiment_steps(experiment)]
+        assert loaded[0] is None and loaded[1] is not None
