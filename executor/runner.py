@@ -82,12 +82,14 @@ from executor.logs import capture_step_log, streams_wrapped
 from executor.mirror import MirrorError
 from executor.plan import Action, Plan, PlannedStep
 from executor.store import Store
+from executor.terminal import one_line
 from executor.tree import (
     Status,
     append_status,
     log_path,
     read_last_status,
     remove_leftover_temp_files,
+    remove_links_leading_out,
     step_info_record,
     write_info,
 )
@@ -527,10 +529,20 @@ class Runner:
 
     def _remove_leftovers(self, row: PlannedStep) -> None:
         """Remove the temporary files an earlier attempt's unfinished atomic writes left in the
-        output, so that an output marked SUCCESS never holds one (`remove_leftover_temp_files`)."""
+        output, so that an output marked SUCCESS never holds one (`remove_leftover_temp_files`),
+        and the symbolic links in it that lead out of it (`remove_links_leading_out`)."""
         removed = remove_leftover_temp_files(self.store, row.output_path)
         if removed:
             logger.info("step %s: removed %d temporary file(s) an earlier attempt left", row.name, removed)
+        links = remove_links_leading_out(self.store, row.output_path)
+        if links:
+            logger.warning(
+                "step %s: removed %d symbolic link(s) leading out of its output, which this attempt "
+                "would have written through: %s",
+                row.name,
+                len(links),
+                ", ".join(one_line(link) for link in links[:5]) + (" ..." if len(links) > 5 else ""),
+            )
 
     def _run_holding_lease(self, row: PlannedStep) -> tuple[Outcome, str]:
         step, path, worker = row.step, row.output_path, self.leases.worker_id

@@ -387,6 +387,39 @@ def remove_leftover_temp_files(store: Store, output_path: str) -> int:
     return removed
 
 
+def remove_links_leading_out(store: Store, output_path: str) -> list[str]:
+    """Remove the symbolic links under a local step output that lead out of it; returns them.
+
+    An output found FAILED or abandoned may come from someone else's tree: a link there
+    (`stats.json -> ~/.bashrc`) would have the step's next attempt write through it, outside
+    the output, with the writer's permissions. Only the links go, never what they point at;
+    a step that made such a link on purpose makes it again. Call it where
+    `remove_leftover_temp_files` is called (a re-run, holding the lease); object stores have
+    no links."""
+    top = store.local_path(output_path)
+    if top is None:
+        return []
+    root = os.path.realpath(top)
+    removed: list[str] = []
+    pending = [top]
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if target != root and not target.startswith(root.rstrip("/") + "/"):
+                    os.unlink(entry.path)
+                    removed.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+    return sorted(removed)
+
+
 def append_status(
     store: Store,
     output_path: str,

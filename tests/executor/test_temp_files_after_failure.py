@@ -190,3 +190,36 @@ def test_a_first_attempt_lists_nothing(tmp_path, monkeypatch):
     )
     Executor(str(tmp_path / "prefix"), console=False).run([step])
     assert calls == []
+
+
+# -- links leading out of an output are not written through on the next attempt ----------------
+def test_a_rerun_does_not_write_through_a_link_leading_out_of_its_output(tmp_path, caplog):
+    """A FAILED output from someone else's tree: `result.json -> <a file of yours>`, and a
+    link to a directory outside. The next attempt wrote through them (a plain open(..., "w"))."""
+    ATTEMPTS.clear()
+    step = ExecutorStep(
+        name="leftover", fn=fail_once_leaving_a_temp_file, config=LeftoverConfig(this_output_path())
+    )
+    prefix = tmp_path / "prefix"
+    with pytest.raises(ExecutorRunError):
+        Executor(str(prefix), console=False).run([step])
+    output = Path(Executor(str(prefix), console=False).run([step], dry_run=True).rows[0].output_path)
+    victim, elsewhere = tmp_path / "victim.txt", tmp_path / "elsewhere"
+    victim.write_text("mine")
+    elsewhere.mkdir()
+    os.symlink(victim, output / "result.json")
+    os.symlink(elsewhere, output / "checkpoints" / "more")
+    os.symlink("step-1.ckpt", output / "checkpoints" / "latest")  # inside the output: kept
+    with caplog.at_level(logging.WARNING, logger="executor.runner"):
+        Executor(str(prefix), console=False).run([step])
+    assert victim.read_text() == "mine" and list(elsewhere.iterdir()) == []
+    assert not os.path.islink(output / "result.json")
+    assert (output / "result.json").read_text() == '{"whole": true}'
+    assert not os.path.lexists(output / "checkpoints" / "more")
+    assert os.path.islink(output / "checkpoints" / "latest")
+    (message,) = [m for m in caplog.messages if "symbolic link" in m]
+    assert "step leftover: removed 2 symbolic link(s) leading out of its output" in message
+    assert str(output / "result.json") in message
+    from executor.tree import remove_links_leading_out
+
+    assert remove_links_leading_out(open_store(str(prefix)), str(output)) == []  # nothing left
