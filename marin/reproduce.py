@@ -112,39 +112,53 @@ class ReproduceReport:
 
 
 def _closure(tree: OutputTree, target: StepOutput) -> list[StepOutput]:
-    """`target` and everything upstream, dependencies first."""
+    """`target` and everything upstream, dependencies first.
+
+    Iterative: a recursive walk of a chain some 500 steps deep ran out of stack inside a
+    JSON parse, which then read as "not valid JSON"."""
     order: list[StepOutput] = []
     seen: set[str] = set()
+    stack: list[tuple[StepOutput, int]] = []
+    on_stack: set[str] = set()
 
-    def visit(step: StepOutput, chain: tuple[str, ...]) -> None:
-        if step.path in seen:
-            return
+    def enter(step: StepOutput) -> None:
         if step.info is None:
             raise ReproduceError(
                 f"{info_path(step.path)}: {step.problem or 'missing: the recipe of this output is gone'}"
             )
-        for index, dependency in enumerate(step.dependencies):
-            path = dependency.get("output_path")
-            if not tree.contains(path):
-                raise ReproduceError(
-                    f"{info_path(step.path)}: field '{step.dependency_field(index)}' is {path!r}, not a "
-                    f"path inside the prefix {tree.prefix}: refused"
-                )
-            if path in chain:
-                raise ReproduceError(f"recorded dependencies form a cycle through {path}")
-            upstream = tree.load_step(path)
-            if upstream is None or upstream.info is None:
-                why = (upstream.problem if upstream else None) or (
-                    "missing: the upstream output was deleted, so its recipe is gone"
-                )
-                raise ReproduceError(
-                    f"step {step.name} needs {dependency.get('name')} at {path}: {info_path(path)}: {why}"
-                )
-            visit(upstream, (*chain, step.path))
-        seen.add(step.path)
-        order.append(step)
+        stack.append((step, 0))
+        on_stack.add(step.path)
 
-    visit(target, ())
+    enter(target)
+    while stack:
+        step, index = stack[-1]
+        if index == len(step.dependencies):
+            stack.pop()
+            on_stack.discard(step.path)
+            seen.add(step.path)
+            order.append(step)
+            continue
+        stack[-1] = (step, index + 1)
+        dependency = step.dependencies[index]
+        path = dependency.get("output_path")
+        if not tree.contains(path):
+            raise ReproduceError(
+                f"{info_path(step.path)}: field '{step.dependency_field(index)}' is {path!r}, not a "
+                f"path inside the prefix {tree.prefix}: refused"
+            )
+        if path in seen:
+            continue
+        if path in on_stack:
+            raise ReproduceError(f"recorded dependencies form a cycle through {path}")
+        upstream = tree.load_step(path)
+        if upstream is None or upstream.info is None:
+            why = (upstream.problem if upstream else None) or (
+                "missing: the upstream output was deleted, so its recipe is gone"
+            )
+            raise ReproduceError(
+                f"step {step.name} needs {dependency.get('name')} at {path}: {info_path(path)}: {why}"
+            )
+        enter(upstream)
     return order
 
 

@@ -109,3 +109,29 @@ def test_a_manifest_entry_whose_output_path_is_not_a_string_is_a_missing_step(tm
         (experiment,) = tree.experiments
         loaded = [found for _entry, found in tree.experiment_steps(experiment)]
         assert loaded[0] is None and loaded[1] is not None
+
+
+def test_reproduce_walks_a_chain_thousands_of_steps_deep(tmp_path, capsys):
+    """The recursive walk upstream ran out of stack some 500 steps in, inside a JSON parse,
+    and reproduce then called a valid `.executor_info` "not valid JSON"."""
+    prefix = str(tmp_path / "tree")
+    chain = [step("chain/0")]
+    for index in range(1, 1500):
+        chain.append(step(f"chain/{index}", chain[-1]))
+    Executor(prefix, lease_config=FAST_LEASES, console=False).run(chain)
+
+    code, out, err = marin(
+        capsys,
+        "reproduce",
+        "chain/1499",
+        "--prefix",
+        prefix,
+        "--into",
+        str(tmp_path / "again"),
+        "--allow-code-changes",
+    )
+
+    assert code == 0, err[-2000:]
+    assert "not valid JSON" not in err
+    assert "rebuilt 1500 step(s) with identical version hashes" in out
+    assert "outputs are identical" in out
