@@ -124,7 +124,7 @@ def _closure(tree: OutputTree, target: StepOutput) -> list[StepOutput]:
     def enter(step: StepOutput) -> None:
         if step.info is None:
             raise ReproduceError(
-                f"{info_path(step.path)}: {step.problem or 'missing: the recipe of this output is gone'}"
+                _about(info_path(step.path), step.problem or "missing: the recipe of this output is gone")
             )
         stack.append((step, 0))
         on_stack.add(step.path)
@@ -156,10 +156,15 @@ def _closure(tree: OutputTree, target: StepOutput) -> list[StepOutput]:
                 "missing: the upstream output was deleted, so its recipe is gone"
             )
             raise ReproduceError(
-                f"step {step.name} needs {dependency.get('name')} at {path}: {info_path(path)}: {why}"
+                f"step {step.name} needs {dependency.get('name')} at {path}: {_about(info_path(path), why)}"
             )
         enter(upstream)
     return order
+
+
+def _about(path: str, why: str) -> str:
+    """`path: why`, unless `why` already names the file (a tree reader's problems do)."""
+    return why if why.startswith(path) else f"{path}: {why}"
 
 
 def _run_record(step: StepOutput) -> dict[str, Any]:
