@@ -50,7 +50,7 @@ from typing import Any
 
 from executor import Executor, ExecutorStep
 from executor.diffing import diff_versions
-from executor.graph import is_absolute_path, resolve
+from executor.graph import is_absolute_path, resolve, validate_declaration
 from executor.provenance import git_state, package_versions
 from executor.run_records import NO_RUN_RECORDS, RunRecords, records_of, without_fields
 from executor.store import normalize_prefix, open_store
@@ -409,7 +409,7 @@ def rebuild_steps(steps: list[StepOutput], old_prefix: str, policy: TrustedCode)
         description = info.get("description")
         groups = info.get("pip_dependency_groups")
         try:
-            built[step.path] = ExecutorStep(
+            rebuilt = ExecutorStep(
                 name=str(info.get("name") or step.name),
                 fn=fn,
                 config=config,
@@ -418,6 +418,9 @@ def rebuild_steps(steps: list[StepOutput], old_prefix: str, policy: TrustedCode)
                 pip_dependency_groups=groups if isinstance(groups, list) else None,
                 resources=info.get("resources"),
             )
+            # Here, not at resolve: a refusal names this .executor_info, before the list of calls.
+            validate_declaration(rebuilt)
+            built[step.path] = rebuilt
         except (ValueError, TypeError) as error:
             problems.append(f"{where}: {error}")
     if problems:

@@ -439,3 +439,24 @@ def run_isolated(tree: str, tmp_path) -> tuple[int, str, str]:
     )
     assert not (tmp_path / "browser-ran").exists()
     return result.returncode, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (
+            lambda record: record.update(config_template="just a string"),
+            "config must be a dataclass instance",
+        ),
+        (
+            lambda record: record.update(override_output_path="../elsewhere"),
+            "override_output_path '../elsewhere'",
+        ),
+    ],
+    ids=["config-a-string", "override-climbs"],
+)
+def test_a_recorded_step_that_cannot_be_declared_names_its_file(capsys, tree, tmp_path, change, why):
+    """It was refused only at resolve, after the list of calls, naming no .executor_info."""
+    info = edit(tree, change)
+    err = reproduce_refused(capsys, tree, tmp_path, info, why)
+    assert "cannot be resolved" not in err
