@@ -49,7 +49,7 @@ from marin.outputs import (
 
 from . import files as filepages
 from .html import badge, esc, kv, link, num, page, pager, pretty_json, table, url
-from .safety import PrefixGuard, Refused, Target, check_relpath, decode_path, utf8
+from .safety import PrefixGuard, Refused, Target, check_name_pattern, check_relpath, decode_path, utf8
 from .svg import Node, dag_svg, interval_chart, line_chart, status_colours
 
 FILES_PER_PAGE = 300
@@ -224,6 +224,8 @@ class App:
         if rest:
             raise Refused(404, "no such page")
         pattern = (params.get("q") or [""])[0].strip() or None
+        if pattern:
+            check_name_pattern(pattern)
         by = (params.get("by") or ["loss"])[0]
         if by not in leaderboard.METRICS:
             raise Refused(400, f"bad by: {by!r} (one of {', '.join(leaderboard.METRICS)})")
@@ -279,6 +281,8 @@ class App:
         if rest:
             raise Refused(404, "no such page")
         pattern = (params.get("q") or [""])[0].strip() or None
+        if pattern:
+            check_name_pattern(pattern)
         try:
             found = predictions.predictions(tree, pattern)
         except ValueError as error:

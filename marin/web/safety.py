@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import re._parser as _regex_parser  # the stdlib's own parser (3.11+): no code runs
 import stat
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -188,3 +189,67 @@ class PrefixGuard:
             return self.resolve(path[len(self.prefix) + 1 :])
         except Refused:
             return None
+
+
+MAX_PATTERN_CHARS = 200
+"""The longest name pattern a request may give (`?q=` of the leaderboard and predictions)."""
+
+MAX_PATTERN_REPEATS = 2
+"""How many repetitions (`*`, `+`, `{2,}`) a request's pattern may hold, none inside another."""
+
+
+def check_name_pattern(pattern: str) -> None:
+    """Refuse (400) a request's name pattern whose matching could tie up the server.
+
+    Python's regex engine backtracks, and holds the GIL while it does: `(a+)+$` against a
+    30-character step name takes 2**30 steps, and the whole server waits. A request's
+    pattern may hold at most MAX_PATTERN_REPEATS repetitions, none containing another
+    repetition or an alternation, and no back-reference; the `marin` command takes any."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise Refused(400, f"q: a pattern of at most {MAX_PATTERN_CHARS} characters, please")
+    try:
+        parsed = _regex_parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return  # invalid: the reader says so with its own message
+    repeats = _repeats(list(parsed), inside=False)
+    if repeats is None or repeats > MAX_PATTERN_REPEATS:
+        raise Refused(
+            400,
+            f"q: this pattern could take the browser a long time to match (more than "
+            f"{MAX_PATTERN_REPEATS} repetitions, one inside another, a repeated alternation, or a "
+            "back-reference); simplify it, or use the marin command",
+        )
+
+
+def _repeats(items: list, inside: bool) -> int | None:
+    """Repetitions in a parsed pattern; None if one is nested in another, an alternation is
+    repeated, or a back-reference appears."""
+    count = 0
+    for op, arg in items:
+        name = str(op)
+        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            _low, high, body = arg
+            repeated = high > 1
+            if repeated and inside:
+                return None
+            inner = _repeats(list(body), inside or repeated)
+            if inner is None:
+                return None
+            count += inner + repeated
+        elif name == "BRANCH":
+            if inside:
+                return None
+            for branch in arg[1]:
+                inner = _repeats(list(branch), inside)
+                if inner is None:
+                    return None
+                count += inner
+        elif name in ("GROUPREF", "GROUPREF_EXISTS"):
+            return None
+        elif name in ("SUBPATTERN", "ATOMIC_GROUP", "ASSERT", "ASSERT_NOT"):
+            body = arg[-1] if name != "ATOMIC_GROUP" else arg
+            inner = _repeats(list(body), inside)
+            if inner is None:
+                return None
+            count += inner
+    return count

@@ -153,6 +153,19 @@ def test_the_command_prints_the_table_and_refuses_a_bad_pattern(board, capsys):
     assert App(board).handle(f"/predictions?q={nested}").status == 400
 
 
+@pytest.mark.parametrize("pattern", ["(a+)+$", "(a|ab)*c", "(x)\\1", "a.*b.*c.*d", "a" * 201])
+def test_a_browser_pattern_that_could_backtrack_for_ages_is_refused(board, pattern):
+    """`(a+)+$` against a long step name backtracks 2**n times holding the GIL: one request
+    (even from another site, through the user's browser) stalled the whole server."""
+    from urllib.parse import quote
+
+    for route in ("leaderboard", "predictions"):
+        response = App(board).handle(f"/{route}?q={quote(pattern)}")
+        assert response.status == 400, (route, pattern)
+        assert b"q: " in response.body
+    assert App(board).handle(f"/leaderboard?q={quote('^checkpoints/.*$')}").status == 200
+
+
 def test_the_browser_page_shows_the_same_ranking(board):
     response = App(board).handle("/leaderboard?by=bpb&q=checkpoints/")
     assert response.status == 200
