@@ -12,6 +12,7 @@ nor draccus: `executor_main` and `ExecutorMainConfig` (the command line, in
 how paths are chosen.
 """
 
+import executor.step_errors  # noqa: F401 - installs the one-line report of declaration errors
 from executor.executor import Executor
 from executor.graph import HASH_LENGTH, StepDefinitionError
 from executor.lease import LeaseConfig

@@ -46,7 +46,7 @@ from executor.graph import storage_of
 from executor.lease import LeaseConfig
 from executor.plan import RunOnlyError, compile_run_only
 from executor.runner import ExecutorRunError
-from executor.steps import ExecutorStep, InputName, StepDefinitionError
+from executor.steps import ExecutorStep, InputName
 
 DEFAULT_PREFIX = "./marin-output"
 
@@ -182,24 +182,6 @@ def executor_main(steps: list[ExecutorStep | InputName], description: Optional[s
         write_or_drop(sys.stdout, f"Experiment manifest: {executor.executor_info_path}\n")
     settle_stdout()
     return executor
-
-
-def _one_line_step_errors(kind, error, tb, previous=sys.excepthook):
-    """sys.excepthook: an uncaught StepDefinitionError is `error: file:line: message`."""
-    if not issubclass(kind, StepDefinitionError):
-        previous(kind, error, tb)
-        return
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    where = ""
-    while tb is not None:  # the last frame outside the executor: the declaration in the script
-        filename = tb.tb_frame.f_code.co_filename
-        if not filename.startswith(("<", package)):
-            where = f"{os.path.relpath(filename) if filename.startswith(os.getcwd()) else filename}:{tb.tb_lineno}: "
-        tb = tb.tb_next
-    print(f"error: {where}{error}", file=sys.stderr, flush=True)
-
-
-sys.excepthook = _one_line_step_errors
 
 
 def _exit(message: str, code: int):

@@ -422,3 +422,29 @@ def test_an_unreadable_status_file_does_not_stop_unrelated_steps(tmp_path):
     outputs = {p.name.split("-")[0]: p for p in (tmp_path / "out").iterdir() if "-" in p.name}
     assert (outputs["c"] / "done").read_text() == "3"  # the unrelated branch ran
     assert "b" not in outputs or not (outputs["b"] / "done").exists()  # the dependent did not
+
+
+def test_a_script_that_only_imports_executor_gets_the_one_line_error_too(tmp_path):
+    """`import executor` then `executor.executor_main(...)` at the end: the report of a bad
+    declaration at the top was installed only when executor_main was first used."""
+    script = tmp_path / "study.py"
+    script.write_text(
+        "import executor\n"
+        "from dataclasses import dataclass\n\n"
+        "@dataclass(frozen=True)\n"
+        "class Config:\n"
+        "    output_path: str\n\n"
+        "steps = [executor.ExecutorStep('a/./b', print, Config(executor.this_output_path()))]  # bad\n"
+        "executor.executor_main(steps)\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MARIN_")}
+    result = subprocess.run(
+        [sys.executable, str(script), "--prefix", str(tmp_path / "out")],
+        cwd=tmp_path,
+        env={**environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = error_line(result, 1, "step name 'a/./b' is invalid")
+    assert line.startswith("error: study.py:8: ")

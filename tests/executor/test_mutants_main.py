@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import executor.main as main
+import executor.step_errors as step_errors
 from executor import ExecutorStep, this_output_path, versioned
 from executor.plan import RunOnlyError
 from executor.runner import ExecutorRunError
@@ -250,7 +251,7 @@ def test_a_step_definition_error_is_one_line_naming_the_script_line(capsys, monk
     called = []
     kind, error, tb = _raise_from_here(StepDefinitionError("step name '' is invalid"))
     monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    main._one_line_step_errors(kind, error, tb, previous=lambda *args: called.append(args))
+    step_errors._one_line_step_errors(kind, error, tb, previous=lambda *args: called.append(args))
     err = capsys.readouterr().err
     assert called == []
     line = tb.tb_lineno
@@ -260,7 +261,7 @@ def test_a_step_definition_error_is_one_line_naming_the_script_line(capsys, monk
 def test_the_script_path_is_absolute_outside_the_working_directory(capsys, monkeypatch, tmp_path):
     kind, error, tb = _raise_from_here(StepDefinitionError("bad"))
     monkeypatch.chdir(tmp_path)
-    main._one_line_step_errors(kind, error, tb, previous=lambda *args: None)
+    step_errors._one_line_step_errors(kind, error, tb, previous=lambda *args: None)
     assert capsys.readouterr().err == f"error: {os.path.abspath(__file__)}:{tb.tb_lineno}: bad\n"
 
 
@@ -287,27 +288,27 @@ def test_frames_inside_the_executor_are_skipped_to_name_the_callers_line(capsys,
     monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     kind, error, tb = _raise_through("<string>", INSIDE)
     line = tb.tb_lineno
-    main._one_line_step_errors(kind, error, tb, previous=lambda *args: None)
+    step_errors._one_line_step_errors(kind, error, tb, previous=lambda *args: None)
     assert capsys.readouterr().err == f"error: tests/executor/test_mutants_main.py:{line}: bad name\n"
 
 
 def test_the_script_frame_named_is_the_last_one_outside_the_executor(capsys, tmp_path):
     script = str(tmp_path / "script.py")
     kind, error, tb = _raise_through(script, INSIDE)
-    main._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
+    step_errors._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
     assert capsys.readouterr().err == f"error: {script}:2: bad name\n"
 
 
 def test_a_traceback_entirely_inside_the_executor_names_no_line(capsys):
     kind, error, tb = _raise_through(INSIDE)
-    main._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
+    step_errors._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
     assert capsys.readouterr().err == "error: bad name\n"
 
 
 def test_other_exceptions_go_to_the_previous_hook(capsys):
     called = []
     kind, error, tb = _raise_from_here(RuntimeError("other"))
-    main._one_line_step_errors(kind, error, tb, previous=lambda *args: called.append(args))
+    step_errors._one_line_step_errors(kind, error, tb, previous=lambda *args: called.append(args))
     assert called == [(kind, error, tb)]
     assert capsys.readouterr().err == ""
 
@@ -504,7 +505,7 @@ def test_the_error_line_is_flushed_before_exiting(monkeypatch, tmp_path):
 def test_the_step_declaration_error_line_is_flushed(monkeypatch):
     _, err = buffered_streams(monkeypatch)
     kind, error, tb = _raise_through(INSIDE)
-    main._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
+    step_errors._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
     assert err.getvalue().decode() == "error: bad name\n"
 
 
@@ -516,7 +517,7 @@ def test_the_last_frame_outside_the_executor_wins_over_earlier_ones(capsys, tmp_
     walk goes on to the innermost frame, it does not stop at the first one outside)."""
     script, helper = str(tmp_path / "script.py"), str(tmp_path / "helper.py")
     kind, error, tb = _raise_through(script, INSIDE, helper, INSIDE)
-    main._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
+    step_errors._one_line_step_errors(kind, error, tb.tb_next, previous=lambda *args: None)
     assert capsys.readouterr().err == f"error: {helper}:2: bad name\n"
 
 
