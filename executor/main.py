@@ -209,6 +209,7 @@ def parse_flags(argv: list[str]) -> ExecutorMainConfig:
     the error messages), except when every flag is one `_parse_plain` reads exactly as
     draccus would: then draccus is not even imported (~0.2 s of every script's start).
     """
+    _refuse_repeated_flags(argv)
     argv, run_only = _take_run_only(argv)
     argv, paths = _take_paths(argv)
     config = _parse_plain(argv)
@@ -377,6 +378,19 @@ def _take_paths(argv: list[str]) -> tuple[list[str], dict[str, str]]:
             raise UsageError(f"--{name} is empty: give a directory or a URL (s3://bucket/path)")
         found[name] = text
     return rest, found
+
+
+def _refuse_repeated_flags(argv: list[str]) -> None:
+    """UsageError for a flag given twice: argparse keeps the last (`--dry_run true --dry_run
+    false` ran for real), and which one was meant cannot be known."""
+    seen: set[str] = set()
+    for arg in argv:
+        if not arg.startswith("--") or arg == "--":
+            continue
+        name = _full_flag(arg[2:].partition("=")[0])
+        if name in seen and name not in ("help", *PATH_FLAGS):  # (_take_paths names both values)
+            raise UsageError(f"--{name} given twice: give it once")
+        seen.add(name)
 
 
 def _full_flag(name: str) -> str:
