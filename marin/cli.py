@@ -31,7 +31,7 @@ from executor.main import resolve_prefix
 from executor.runner import ExecutorRunError
 from executor.store import StoreError
 from executor.template import TemplateError
-from executor.tree import info_path, utc_now_iso
+from executor.tree import Status, info_path, utc_now_iso
 from marin.explain import explain, previous_version
 from marin.gc import delete_garbage, find_garbage
 from marin.leaderboard import METRICS, as_json, describe_differences, rank, training_runs
@@ -92,7 +92,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     tree = _tree(args)
     steps = tree.steps
     if args.status:
-        steps = [s for s in steps if s.status == args.status.upper()]
+        steps = [s for s in steps if s.status == args.status]
     if args.name:
         steps = [s for s in steps if args.name in s.relpath]
     sizes = tree.sizes(steps) if not args.no_size else {}
@@ -520,7 +520,12 @@ def build_parser() -> argparse.ArgumentParser:
     ls = commands.add_parser(
         "ls", parents=[common], help="experiments and steps with status, age, duration, size"
     )
-    ls.add_argument("--status", help="only steps with this status (SUCCESS, FAILED, RUNNING, DEP_FAILED)")
+    ls.add_argument(
+        "--status",
+        type=str.upper,
+        choices=[*(status.value for status in Status), "UNKNOWN"],
+        help="only steps with this status (any case)",
+    )
     ls.add_argument("--name", help="only steps whose path contains this text")
     ls.add_argument("--steps-only", action="store_true", help="leave out the experiments")
     ls.add_argument("--no-size", action="store_true", help="skip computing sizes (faster on object stores)")

@@ -60,6 +60,17 @@ def test_ls_lists_experiments_and_steps_with_status_and_size(capsys, tree_prefix
     assert all(s["status"] == "SUCCESS" and s["size"] > 0 for s in listing["steps"])
 
 
+def test_ls_filters_by_status_in_any_case_and_refuses_an_unknown_one(capsys, tree_prefix):
+    code, out, _ = marin(capsys, "ls", "--prefix", tree_prefix, "--status", "success", "--json")
+    assert code == 0 and len(json.loads(out)["steps"]) == 6
+    code, out, _ = marin(capsys, "ls", "--prefix", tree_prefix, "--status", "FAILED", "--json")
+    assert code == 0 and json.loads(out)["steps"] == []
+    with pytest.raises(SystemExit) as exited:  # argparse: it listed nothing, silently, before
+        marin(capsys, "ls", "--prefix", tree_prefix, "--status", "BOGUS")
+    assert exited.value.code == 2
+    assert "invalid choice: 'BOGUS'" in capsys.readouterr().err
+
+
 def test_ls_reads_prefix_from_environment_and_fails_clearly_without_a_tree(
     capsys, tree_prefix, monkeypatch, tmp_path
 ):
