@@ -244,8 +244,14 @@ def _parse_with_draccus(argv: list[str]) -> ExecutorMainConfig:
     except draccus.utils.DecodingError as error:
         raise UsageError(_decoding_message(error)) from None
     except Exception as error:  # a --config_path file draccus cannot read
-        first = (str(error).strip().splitlines() or [""])[0]
-        raise UsageError(f"cannot read the flags: {type(error).__name__}: {first}") from None
+        cause = (
+            error.__cause__ or error
+        )  # draccus wraps YAML's own error in "Failed to load config from <_io...>"
+        why = " ".join(str(cause).split())[:300]
+        where = _flag_value(argv, "config_path")
+        raise UsageError(
+            f"cannot read the flags{f' in {where}' if where else ''}: {type(cause).__name__}: {why}"
+        ) from None
     return config
 
 
@@ -448,6 +454,15 @@ def _parse_run_only(text: str) -> list[str]:
                 f'--run_only {text!r}: expected a regex or a JSON list of regexes, e.g. \'["a/.*", "b"]\''
             )
     return [text]
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+    """The value given to `--name` in `argv` (`--name value` or `--name=value`), if any."""
+    for index, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag == f"--{name}":
+            return value if equals else (argv[index + 1] if index + 1 < len(argv) else None)
+    return None
 
 
 def _argparse_message(stderr: str) -> str:

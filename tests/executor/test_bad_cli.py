@@ -203,7 +203,7 @@ def test_run_only_matching_no_step_is_a_warning_and_runs_nothing(tmp_path):
     [
         ("max_concurrent: abc\n", ["--max_concurrent", "'abc'"]),
         ("no_such_flag: 1\n", ["`no_such_flag`", "not valid"]),
-        ("prefix: [\n", ["cannot read the flags"]),
+        ("prefix: [\n", ["cannot read the flags in flags.yaml: ParserError", 'in "flags.yaml", line 2']),
         (None, ["cannot read the flags", "FileNotFoundError", "flags.yaml"]),
     ],
 )
