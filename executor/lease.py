@@ -117,7 +117,7 @@ class LeaseConfig:
                 raw = environ[variable]
                 # float() also reads "5_0" as 50 and digits of other scripts: plain decimals only.
                 if not _PLAIN_NUMBER.fullmatch(raw.strip()):
-                    raise ValueError(f"{variable}={raw!r} is not a number of seconds")
+                    raise ValueError(f"{variable}={raw!r} is not a number of seconds") from None
                 values[name] = float(raw)
                 names[name] = variable
             else:
