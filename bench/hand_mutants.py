@@ -1,4 +1,4 @@
-"""Hand-applied mutants of the ninth and tenth sessions' fixes: each one removes or weakens a
+"""Hand-applied mutants of the ninth, tenth and eleventh sessions' fixes: each one removes or weakens a
 fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
@@ -206,6 +206,91 @@ MUTANTS = [
         'earlier attempt left", row.name, removed)',
         'earlier attempt left", removed)',
         "tests/executor/test_temp_files_after_failure.py",
+    ),
+    # -- eleventh session: hostile trees, input and signals --
+    (
+        "marin/reproduce.py",
+        "    _refuse_working_directory_in(tree)\n",
+        "",
+        "tests/marin/test_untrusted_trees.py",
+    ),
+    (
+        "executor/template.py",
+        'if "__main__" in parts:',
+        "if False:",
+        "tests/executor/test_template.py",
+    ),
+    (
+        "executor/template.py",
+        "and parts[0] not in sys.modules:",
+        "and False:",
+        "tests/executor/test_template.py",
+    ),
+    (
+        "marin/web/files.py",
+        "if not stat.S_ISREG(os.fstat(fd).st_mode):",
+        "if stat.S_ISDIR(os.fstat(fd).st_mode):",
+        "tests/marin/test_web_limits.py",
+    ),
+    (
+        "marin/web/parquet_preview.py",
+        '        "-P",\n',
+        "",
+        "tests/marin/test_web_limits.py",
+    ),
+    (
+        "marin/web/parquet_preview.py",
+        "resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))",
+        "pass",
+        "tests/marin/test_web_limits.py",
+    ),
+    (
+        "operations/shards.py",
+        "    signal.signal(signal.SIGTERM, signal.SIG_DFL)\n",
+        "",
+        "tests/operations/test_shards.py",
+    ),
+    (
+        "executor/lease.py",
+        "    except IsADirectoryError:\n        raise NotRegularFileError(path,",
+        "    except IsADirectoryError:\n        return None\n        raise NotRegularFileError(path,",
+        "tests/executor/test_status_file_kinds.py",
+    ),
+    (
+        "executor/store.py",
+        'if scheme != "memory" and (not rest.strip("/") or rest.startswith("/")):',
+        "if False:",
+        "tests/executor/test_bad_cli.py",
+    ),
+    (
+        "executor/runner.py",
+        "            with _second_ctrl_c_deferred():\n",
+        "            with contextlib.nullcontext():\n",
+        "tests/executor/test_console_and_signals.py",
+    ),
+    (
+        "executor/runner.py",
+        "        links = remove_links_leading_out(self.store, row.output_path)\n",
+        "        links = []\n",
+        "tests/executor/test_temp_files_after_failure.py",
+    ),
+    (
+        "executor/graph.py",
+        "    kind = _not_plain_function(step.fn)\n",
+        "    kind = None\n",
+        "tests/executor/test_declaration_checks.py",
+    ),
+    (
+        "marin/web/safety.py",
+        "    if repeats is None or repeats > MAX_PATTERN_REPEATS:",
+        "    if repeats is None and False:",
+        "tests/marin/test_leaderboard.py",
+    ),
+    (
+        "executor/main.py",
+        "    _refuse_repeated_flags(argv)\n",
+        "",
+        "tests/executor/test_bad_cli.py",
     ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
