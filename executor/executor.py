@@ -147,7 +147,7 @@ class Executor:
             else None,
         )
         # SIGTERM (timeout, docker stop, Slurm, Kubernetes) ends the run as Ctrl-C does.
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             try:
                 with _cyclic_gc_paused():
                     plan = self.plan = make_plan(graph, steps, self.store, leases, run_only, force_run_failed)
@@ -310,7 +310,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts():
+def sigterm_interrupts():
     """SIGTERM raises `Terminated` in the main thread for the duration of the block.
 
     Only where Python may install handlers (the main thread) and only over the default

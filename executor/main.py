@@ -41,7 +41,7 @@ import sys
 from typing import Optional
 
 from executor.console import settle_stdout, write_or_drop
-from executor.executor import Executor
+from executor.executor import Executor, sigterm_interrupts
 from executor.graph import storage_of
 from executor.lease import LeaseConfig
 from executor.plan import RunOnlyError, compile_run_only
@@ -163,13 +163,16 @@ def executor_main(steps: list[ExecutorStep | InputName], description: Optional[s
             sys.stdout, f"No --prefix and no $MARIN_PREFIX: writing under {os.path.abspath(prefix)}\n"
         )
     try:
-        executor.run(
-            steps,
-            dry_run=config.dry_run,
-            run_only=config.run_only,
-            force_run_failed=config.force_run_failed,
-            max_concurrent=config.max_concurrent,
-        )
+        # From here, not only once the run starts its steps: SIGTERM while the plan waits out
+        # a storage client's retries ended the process by the signal (143, no message).
+        with sigterm_interrupts():
+            executor.run(
+                steps,
+                dry_run=config.dry_run,
+                run_only=config.run_only,
+                force_run_failed=config.force_run_failed,
+                max_concurrent=config.max_concurrent,
+            )
     except RunOnlyError as error:  # an invalid pattern (parse_flags checks them first)
         _exit(f"--{error}" if str(error).startswith("run_only") else str(error), EXIT_USAGE)
     except (ExecutorRunError, ValueError) as error:  # StepDefinitionError, StatusFileError, ...

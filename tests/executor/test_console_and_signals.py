@@ -353,3 +353,40 @@ def test_a_second_ctrl_c_while_the_first_is_recorded_leaves_no_step_running(tmp_
     for path in step_dirs(tmp_path):
         assert last_status(path)["status"] == "FAILED" and last_status(path)["message"] == "interrupted"
         assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
+
+
+def test_sigterm_while_the_plan_waits_on_storage_ends_as_ctrl_c_does(tmp_path):
+    """Before the run installed its handler (the plan waiting out a storage client's retries),
+    SIGTERM ended the driver by the signal: exit 143 and no message."""
+    env = {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:1",  # nothing listens: the client retries
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+    }
+    script = tmp_path / "experiment.py"
+    script.write_text(SCRIPT)
+    environ = {key: value for key, value in os.environ.items() if key != "MARIN_PREFIX"}
+    environ.update(PYTHONPATH=REPO, STEP_SLEEP="0", **env)
+    process = subprocess.Popen(
+        [sys.executable, str(script), "--prefix", "s3://bucket/out"],
+        cwd=tmp_path,
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if "retry, attempt" in line:  # waiting on the storage client
+                process.send_signal(signal.SIGTERM)
+                break
+        err = "".join(seen) + process.stderr.read()
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "error: interrupted"
