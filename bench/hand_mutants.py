@@ -336,6 +336,9 @@ def main() -> int:
                     *selection,
                 ],
                 cwd=workdir,
+                # Processes the tests start (`python -P -m ...`) import the copy too, not the
+                # checkout the editable install points at.
+                env={**os.environ, "PYTHONPATH": workdir},
                 capture_output=True,
                 timeout=900,
             )

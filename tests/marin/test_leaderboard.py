@@ -154,7 +154,7 @@ def test_the_command_prints_the_table_and_refuses_a_bad_pattern(board, capsys):
 
 
 @pytest.mark.parametrize("pattern", ["(a+)+$", "(a|ab)*c", "(x)\\1", "a.*b.*c.*d", "a" * 201])
-def test_a_browser_pattern_that_could_backtrack_for_ages_is_refused(board, pattern):
+def test_a_web_pattern_that_could_backtrack_for_ages_is_refused(board, pattern):
     """`(a+)+$` against a long step name backtracks 2**n times holding the GIL: one request
     (even from another site, through the user's browser) stalled the whole server."""
     from urllib.parse import quote
