@@ -118,9 +118,9 @@ MUTANTS = [
     ),
     (
         "executor/logs.py",
-        "        if self._original is None:  # started without",
-        "        if False:  # started without",
-        "tests/executor/test_console_and_signals.py",
+        "return len(text) if self._original is None else self._original.write(text)",
+        "return self._original.write(text)",
+        "tests/executor/test_console_and_signals.py tests/executor/test_mutants_logs.py",
     ),
     (
         "executor/logs.py",

@@ -462,3 +462,12 @@ def test_a_log_directory_created_by_someone_else_meanwhile_is_used(tmp_path, con
     assert calls == [path, path]
     with open(path, encoding="utf-8") as log:
         assert log.read() == "made it\n"
+
+
+def test_output_outside_a_step_with_no_console_is_dropped_not_an_error():
+    """Started with `>&-`: sys.stdout is None, and the tee stands in for it during a run; a
+    write outside a step (the driver's own) must count as written, not raise."""
+    from executor.logs import _TeeStream
+
+    tee = _TeeStream(None)
+    assert tee.write("the driver prints\n") == len("the driver prints\n")
