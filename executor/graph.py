@@ -239,7 +239,7 @@ def validate_declaration(step: Any) -> None:
             f"{gets}. Put it in a field of a (frozen) config dataclass, e.g. "
             "config=MyConfig(input_path=output_path_of(step), output_path=this_output_path())"
         )
-    if config is not None and not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
+    if config is not None and not _is_dataclass_instance(config):
         raise StepDefinitionError(
             f"step {step.name!r}: config must be a dataclass instance or None, got {type(config).__name__}; "
             "wrap the values in a (frozen) dataclass"

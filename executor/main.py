@@ -247,9 +247,8 @@ def _parse_with_draccus(argv: list[str]) -> ExecutorMainConfig:
     except draccus.utils.DecodingError as error:
         raise UsageError(_decoding_message(error)) from None
     except Exception as error:  # a --config_path file draccus cannot read
-        cause = (
-            error.__cause__ or error
-        )  # draccus wraps YAML's own error in "Failed to load config from <_io...>"
+        # draccus wraps YAML's own error in "Failed to load config from <_io.TextIOWrapper ...>".
+        cause = error.__cause__ or error
         why = " ".join(str(cause).split())[:300]
         where = _flag_value(argv, "config_path")
         raise UsageError(
@@ -463,7 +462,7 @@ def _flag_value(argv: list[str], name: str) -> str | None:
     """The value given to `--name` in `argv` (`--name value` or `--name=value`), if any."""
     for index, arg in enumerate(argv):
         flag, equals, value = arg.partition("=")
-        if flag == f"--{name}":
+        if flag.startswith("--") and _full_flag(flag[2:]) == name:
             return value if equals else (argv[index + 1] if index + 1 < len(argv) else None)
     return None
 

@@ -155,9 +155,8 @@ class Store:
                 kind = "bucket"
             if kind is None and retry.unreachable(error):
                 raise StoreError(retry.unreachable_message(self.protocol, path, error)) from error
-            if (
-                kind is None and type(error).__name__ == "ParamValidationError"
-            ):  # botocore, before any request
+            # botocore refuses a bucket name before any request (ParamValidationError).
+            if kind is None and type(error).__name__ == "ParamValidationError":
                 why = " ".join(str(error).split())  # botocore spreads it over lines
                 raise StoreError(
                     f"{path}: the S3 client refuses it ({why}); check the bucket name"
@@ -962,6 +961,11 @@ def open_store(prefix: str) -> Store:
     if protocol in ("s3", "s3a"):
         return S3Store(fs, protocol)
     return Store(fs, protocol)
+
+
+def is_within(path: str, directory: str) -> bool:
+    """Whether the local `path` is `directory` or below it (both as given: resolve links first)."""
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
 def normalize_prefix(prefix: str) -> str:

@@ -60,6 +60,7 @@ from typing import Any
 
 from executor.fingerprint import canonical_json
 from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue, mirrored
+from executor.store import is_within
 
 
 class TemplateError(ValueError):
@@ -75,9 +76,7 @@ def _at(field: str) -> str:
 
 
 def _under(path: str, directories: Iterable[str]) -> bool:
-    return any(
-        path == directory or path.startswith(directory.rstrip(os.sep) + os.sep) for directory in directories
-    )
+    return any(is_within(path, directory) for directory in directories)
 
 
 def _real(paths: Iterable[str | None]) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from executor.store import (
     Store,
     StoreError,
     check_regular,
+    is_within,
     special_file_error,
 )
 from executor.template import encode_template
@@ -411,8 +412,7 @@ def remove_links_leading_out(store: Store, output_path: str) -> list[str]:
             continue
         for entry in entries:
             if entry.is_symlink():
-                target = os.path.realpath(entry.path)
-                if target != root and not target.startswith(root.rstrip("/") + "/"):
+                if not is_within(os.path.realpath(entry.path), root):
                     os.unlink(entry.path)
                     removed.append(entry.path)
             elif entry.is_dir(follow_symlinks=False):
@@ -573,10 +573,7 @@ def read_info(store: Store, output_path: str) -> dict[str, Any] | None:
     """
     try:
         data, whole = store.read_tail(info_path(output_path), MAX_INFO_BYTES)
-    except (
-        NotRegularFileError,
-        IsADirectoryError,
-    ):  # a link or FIFO in its place: unreadable, as bad JSON is
+    except (NotRegularFileError, IsADirectoryError):  # a link, FIFO or directory: unreadable, as bad JSON is
         return None
     if data is None or not whole:  # a file of hundreds of MB is not read into memory
         return None

@@ -149,14 +149,18 @@ def _select(tree: OutputTree, pattern: str | None) -> list[StepOutput]:
         experiment = None
     if experiment is not None:
         return [step for _entry, step in tree.experiment_steps(experiment) if step is not None]
-    try:
-        regex = re.compile(pattern)
-    except (re.error, RecursionError) as error:  # RecursionError: groups nested thousands deep
-        why = error if isinstance(error, re.error) else "nested too deeply"
-        raise ValueError(
-            f"{pattern[:200]!r} is neither an experiment nor a valid name pattern: {why}"
-        ) from None
+    regex = name_regex(pattern, "neither an experiment nor a valid name pattern")
     return [step for step in tree.steps if regex.search(step.name)]
+
+
+def name_regex(pattern: str, refusal: str) -> re.Pattern:
+    """`pattern` compiled; ValueError `'<pattern>' is <refusal>: <why>` if it is not a regex
+    (or nests groups thousands deep: a RecursionError from the parser)."""
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError) as error:
+        why = error if isinstance(error, re.error) else "nested too deeply"
+        raise ValueError(f"{pattern[:200]!r} is {refusal}: {why}") from None
 
 
 def _load_run(tree: OutputTree, step: StepOutput) -> Run | None:

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import datetime
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from marin.leaderboard import _json_object
+from marin.leaderboard import _json_object, name_regex
 from marin.outputs import OutputTree, StepOutput, TreeFileError, finite_number
 
 PREDICTION_FN = "operations.scaling_laws:write_prediction"
@@ -143,13 +142,7 @@ class Prediction:
 
 def predictions(tree: OutputTree, pattern: str | None = None) -> list[Prediction]:
     """Every prediction under the prefix (step name matching `pattern`, re.search), by name."""
-    regex = None
-    if pattern:
-        try:
-            regex = re.compile(pattern)
-        except (re.error, RecursionError) as error:  # RecursionError: groups nested thousands deep
-            why = error if isinstance(error, re.error) else "nested too deeply"
-            raise ValueError(f"{pattern[:200]!r} is not a valid name pattern: {why}") from None
+    regex = name_regex(pattern, "not a valid name pattern") if pattern else None
     steps = [
         step
         for step in tree.steps

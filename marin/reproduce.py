@@ -53,7 +53,7 @@ from executor.diffing import diff_versions
 from executor.graph import is_absolute_path, resolve, validate_declaration
 from executor.provenance import git_state, package_versions
 from executor.run_records import NO_RUN_RECORDS, RunRecords, records_of, without_fields
-from executor.store import normalize_prefix, open_store
+from executor.store import is_within, normalize_prefix, open_store
 from executor.template import TemplateError, TrustedCode, decode_template
 from executor.tree import info_path
 from marin.outputs import EXPERIMENTS_DIR, OutputTree, StepOutput, TreeFileError
@@ -185,8 +185,7 @@ def _refuse_working_directory_in(tree: OutputTree) -> None:
     local = tree.store.local_path(tree.prefix)
     if local is None:
         return
-    root, here = os.path.realpath(local), os.path.realpath(os.getcwd())
-    if here == root or here.startswith(root.rstrip("/") + "/"):
+    if is_within(os.path.realpath(os.getcwd()), os.path.realpath(local)):
         raise ReproduceError(
             f"the working directory {os.getcwd()} is inside the tree being read ({tree.prefix}); "
             "its files could be imported or run as code. Run marin reproduce from your own checkout"

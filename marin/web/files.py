@@ -26,11 +26,13 @@ import bz2
 import contextlib
 import gzip
 import importlib
+import importlib.util
 import io
 import json
 import lzma
 import os
 import stat
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -159,6 +161,20 @@ class MissingPackage(Refused):
             f"showing {what} needs {module.split('.')[0]}, which is not installed: "
             "pip install -e '.[data]' (or pip install marin-experiments[data])",
         )
+
+
+def _require(module: str, what: str) -> None:
+    """MissingPackage unless `module` is installed; imports nothing (a parquet page is read in
+    a process of its own, so the server need not load pyarrow)."""
+    if module in sys.modules:
+        installed = sys.modules[module] is not None
+    else:
+        try:
+            installed = importlib.util.find_spec(module.split(".")[0]) is not None
+        except (ImportError, ValueError):
+            installed = False
+    if not installed:
+        raise MissingPackage(module, what)
 
 
 def _optional(module: str, what: str) -> Any:
@@ -355,7 +371,7 @@ def _text_page(store: Store, target: Target, offset: int, size: int | None) -> P
 
 
 def _parquet_page(store: Store, target: Target, offset: int, limit: int, size: int | None) -> Page:
-    _optional("pyarrow.parquet", "parquet files")
+    _require("pyarrow.parquet", "parquet files")
     source = target.local if target.local is not None else target.path
     if source.startswith("memory://"):  # lives in this process only: no preview process can open it
         return Page("binary", 0, size=size, note="parquet files of a memory:// tree are not previewed")
