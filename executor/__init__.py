@@ -16,8 +16,8 @@ import executor.step_errors  # noqa: F401 - installs the one-line report of decl
 from executor.executor import Executor
 from executor.graph import HASH_LENGTH, StepDefinitionError
 from executor.lease import LeaseConfig
+from executor.outcomes import ExecutorRunError
 from executor.resources import CpuConfig, GpuConfig, ResourceConfig, TpuConfig
-from executor.runner import ExecutorRunError
 from executor.steps import (
     THIS_OUTPUT_PATH,
     ExecutorStep,

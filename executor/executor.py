@@ -26,6 +26,7 @@ from executor.console import ConsoleProgress, write_or_drop
 from executor.events import planned_event
 from executor.graph import StepDefinitionError, StepGraph, resolve, storage_of
 from executor.lease import LeaseConfig, LeaseManager, new_worker_id
+from executor.outcomes import DEFAULT_MAX_RETRIES, ExecutorRunError, Outcome, skip_all
 from executor.plan import Action, Plan, make_plan
 from executor.provenance import (
     caller_script,
@@ -33,7 +34,6 @@ from executor.provenance import (
     experiment_info_path,
     write_experiment_info,
 )
-from executor.runner import DEFAULT_MAX_RETRIES, ExecutorRunError, Outcome, Runner
 from executor.steps import ExecutorStep, InputName
 from executor.store import normalize_prefix, open_store
 
@@ -133,7 +133,7 @@ class Executor:
             self.store.check_readable(self.prefix)
         self.executor_info_path = experiment_info_path(self.executor_info_base_path, script, graph)
         worker_id = new_worker_id()
-        runner_ref: list[Runner] = []
+        runner_ref: list = []  # the Runner, once made (the lease keeper reports lost leases to it)
         backend: Backend | None = None
         leases = LeaseManager(
             self.store,
@@ -185,21 +185,17 @@ class Executor:
                 if will_run:
                     backend.start()
                     leases.start()
-                runner = Runner(
-                    plan,
-                    self.store,
-                    leases,
-                    self._dispatch(listeners, plan),
-                    max_concurrent,
-                    backend,
-                    self.max_retries,
-                )
-                runner_ref.append(runner)
+                emit = self._dispatch(listeners, plan)
                 # Provenance (git, packages) is gathered only when a manifest is written: a fully
                 # cached re-run of an experiment that has one finishes without spawning git.
                 info: dict[str, Any] = {}
-                if will_run:  # record in-progress runs too
-                    info = collect_provenance(script)
+                if will_run:
+                    # Loaded only here: a cached re-run reports without the runner's modules.
+                    from executor.runner import Runner
+
+                    runner = Runner(plan, self.store, leases, emit, max_concurrent, backend, self.max_retries)
+                    runner_ref.append(runner)
+                    info = collect_provenance(script)  # recorded for in-progress runs too
                     write_experiment_info(
                         self.store, self.executor_info_path, graph, info, self.description, started
                     )
@@ -210,9 +206,10 @@ class Executor:
                         "git": info["git"],
                         "python": info["python"],
                     }
-                if will_run:
                     leases.wait_ready()  # (the keeper started above, meanwhile)
-                summary = runner.run()
+                    summary = runner.run()
+                else:
+                    summary = skip_all(plan.rows, emit)
                 outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
                 nothing_ran = all(outcome == Outcome.SKIPPED for outcome in summary.outcomes.values())
                 if not (nothing_ran and self.store.exists(self.executor_info_path)):

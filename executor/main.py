@@ -44,8 +44,8 @@ from executor.console import settle_stdout, write_or_drop
 from executor.executor import Executor, sigterm_interrupts
 from executor.graph import storage_of
 from executor.lease import LeaseConfig
+from executor.outcomes import ExecutorRunError
 from executor.plan import RunOnlyError, compile_run_only
-from executor.runner import ExecutorRunError
 from executor.steps import ExecutorStep, InputName
 
 DEFAULT_PREFIX = "./marin-output"

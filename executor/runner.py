@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import enum
 import logging
 import queue
 import re
@@ -64,22 +63,28 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from executor.backends import Backend, StepCancelled, StepFunctionError, UnsatisfiableError
 from executor.events import (
-    RunFinished,
     StepFailed,
     StepSkipped,
     StepStarted,
     StepSucceeded,
     StepWaiting,
-    skipped_event,
 )
 from executor.lease import LeaseManager
 from executor.logs import capture_step_log, streams_wrapped
 from executor.mirror import MirrorError
+from executor.outcomes import (  # noqa: F401 - DEFAULT_MAX_RETRIES, ExecutorRunError: re-exported
+    DEFAULT_MAX_RETRIES,
+    ExecutorRunError,
+    Failure,
+    Outcome,
+    RunSummary,
+    finish,
+    skip_cached,
+)
 from executor.plan import Action, Plan, PlannedStep
 from executor.store import Store
 from executor.terminal import one_line
@@ -106,53 +111,6 @@ WORKER_START_DELAY_S = 0.005
 
 QUEUE_AHEAD = 2
 """Steps queued for the workers beyond one per idle worker."""
-
-
-DEFAULT_MAX_RETRIES = 2
-"""Re-submissions of a heavy step whose process or node was lost (not of one that failed)."""
-
-
-class Outcome(enum.StrEnum):
-    SUCCEEDED = "succeeded"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    DEP_FAILED = "dep_failed"
-    LOST = "lease_lost"
-    FAILED_ELSEWHERE = "failed_elsewhere"
-    INTERRUPTED = "interrupted"
-
-    @property
-    def ok(self) -> bool:
-        return self in (Outcome.SUCCEEDED, Outcome.SKIPPED)
-
-
-@dataclass(frozen=True)
-class Failure:
-    name: str
-    output_path: str
-    outcome: Outcome
-    error: str
-    log_path: str | None
-
-
-class ExecutorRunError(RuntimeError):
-    """Some steps failed. `failures` lists each one with its log path."""
-
-    def __init__(self, failures: list[Failure]):
-        self.failures = failures
-        # Marin's first line, word for word (scripts and CI logs grep for it); then ours.
-        lines = [f"{len(failures)} step(s) failed: {sorted(failure.name for failure in failures)}"]
-        for failure in failures:
-            where = f"\n      log: {failure.log_path}" if failure.log_path else ""
-            lines.append(f"  - {failure.name} [{failure.outcome.value}] {failure.error}{where}")
-        super().__init__("\n".join(lines))
-
-
-@dataclass
-class RunSummary:
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
-    failures: list[Failure] = field(default_factory=list)
-    duration: float = 0.0
 
 
 @contextlib.contextmanager
@@ -238,13 +196,7 @@ class Runner:
     def run(self) -> RunSummary:
         start = time.time()
         summary = RunSummary()
-        todo: dict[str, PlannedStep] = {}
-        for row in self.plan.rows:
-            if row.action == Action.SKIP:
-                summary.outcomes[row.output_path] = Outcome.SKIPPED
-                self.emit(skipped_event(row))
-            else:
-                todo[row.output_path] = row
+        todo = skip_cached(self.plan.rows, self.emit, summary)
         blockers = {
             path: {dep for dep in row.step.blocking_deps if dep in todo} for path, row in todo.items()
         }
@@ -256,17 +208,7 @@ class Runner:
         if todo:
             with streams_wrapped():  # one tee for the whole run, not one per step
                 self._schedule(todo, blockers, dependents, ready, summary)
-        summary.duration = time.time() - start
-        ok = [o for o in summary.outcomes.values() if o.ok]
-        self.emit(
-            RunFinished(
-                succeeded=sum(o == Outcome.SUCCEEDED for o in ok),
-                skipped=sum(o == Outcome.SKIPPED for o in ok),
-                failed=len(summary.outcomes) - len(ok),
-                duration=summary.duration,
-            )
-        )
-        return summary
+        return finish(summary, start, self.emit)
 
     def _schedule(
         self,

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from executor.main import resolve_prefix
-from executor.runner import ExecutorRunError
+from executor.outcomes import ExecutorRunError
 from executor.store import StoreError
 from executor.template import TemplateError
 from executor.tree import Status, info_path, utc_now_iso

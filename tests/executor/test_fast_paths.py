@@ -337,3 +337,104 @@ def test_the_plan_reads_neither_status_nor_lease_of_a_step_whose_directory_is_ab
         "no output yet",
     ]
     assert reads == [lease_path(crashed)] and status_reads == [crashed]
+
+
+CACHED_RERUN_SCRIPT = """
+import sys
+from dataclasses import dataclass
+
+from executor import Executor, ExecutorStep, this_output_path, versioned
+
+
+@dataclass(frozen=True)
+class Config:
+    index: int
+    output_path: str
+
+
+def touch(config):
+    import os
+    os.makedirs(config.output_path, exist_ok=True)
+
+
+steps = [
+    ExecutorStep(name=f"s{i}", fn=touch, config=Config(versioned(i), this_output_path()))
+    for i in range(3)
+]
+events = []
+Executor(sys.argv[1], console=False, listeners=[events.append]).run(steps)
+print(repr(("executor.runner" in sys.modules, [type(event).__name__ for event in events][3:])))
+"""
+
+
+def test_a_cached_rerun_reports_without_loading_the_runner(tmp_path):
+    """Every step cached: the same events as the runner's (one StepSkipped each, RunFinished),
+    from `outcomes.skip_all`; the runner's modules are never imported."""
+    import ast
+    import subprocess
+
+    script = tmp_path / "experiment.py"
+    script.write_text(CACHED_RERUN_SCRIPT)
+    prefix = str(tmp_path / "out")
+
+    def run() -> tuple[bool, list[str]]:
+        done = subprocess.run(
+            [sys.executable, str(script), prefix], capture_output=True, text=True, check=True
+        )
+        return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+
+    loaded, events = run()
+    assert loaded and sorted(events) == sorted(["StepStarted", "StepSucceeded"] * 3 + ["RunFinished"])
+    assert run() == (False, ["StepSkipped"] * 3 + ["RunFinished"])
+
+
+def test_skip_all_refuses_a_plan_with_steps_to_run(tmp_path):
+    from executor.outcomes import skip_all
+
+    step = ExecutorStep(
+        name="a", fn=write_value, config=WriteConfig(value=versioned(1), output_path=this_output_path())
+    )
+    plan = Executor(str(tmp_path), console=False).run([step], dry_run=True)
+    events = []
+    with pytest.raises(ValueError, match="1 step\\(s\\) are not cached"):
+        skip_all(plan.rows, events.append)
+
+
+def test_skip_all_reports_what_the_runner_reports_for_a_cached_plan(tmp_path):
+    """Same outcomes and the same event sequence (types, fields but time) as `Runner.run`."""
+    from executor.events import RunFinished
+    from executor.outcomes import Outcome, skip_all
+    from executor.runner import Runner
+
+    steps = [
+        ExecutorStep(
+            name=f"s{i}",
+            fn=write_value,
+            config=WriteConfig(value=versioned(i), output_path=this_output_path()),
+        )
+        for i in range(3)
+    ]
+    executor = Executor(str(tmp_path), console=False)
+    executor.run(steps)
+    plan = executor.run(steps, dry_run=True)
+    ours, theirs = [], []
+    summary = skip_all(plan.rows, ours.append)
+    leases = LeaseManager(LocalStore(), LeaseConfig(), "worker")
+    runner_summary = Runner(plan, LocalStore(), leases, theirs.append).run()
+    assert (
+        summary.outcomes == runner_summary.outcomes == {row.output_path: Outcome.SKIPPED for row in plan.rows}
+    )
+    assert summary.failures == runner_summary.failures == []
+
+    def without_time(event):
+        fields = dict(vars(event))
+        fields.pop("time")
+        fields.pop("duration", None)
+        return type(event).__name__, fields
+
+    assert [without_time(e) for e in ours] == [without_time(e) for e in theirs]
+    assert isinstance(ours[-1], RunFinished) and (ours[-1].skipped, ours[-1].succeeded, ours[-1].failed) == (
+        3,
+        0,
+        0,
+    )
