@@ -46,6 +46,13 @@ _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 """The characters of a name part."""
 
 
+MAX_NAME_PART = 255
+"""Longest name part, in bytes: what most filesystems allow for one path component (NAME_MAX)."""
+
+MAX_LAST_NAME_PART = MAX_NAME_PART - 9
+"""Longest last part: its directory is `<part>-<8 hex digits of the version hash>`."""
+
+
 def _is_valid_name(name: str) -> bool:
     """Every name `_name_problem` accepts, with string methods only (the check runs for every
     step built; a regular expression would be compiled at every import)."""
@@ -57,7 +64,23 @@ def _is_valid_name(name: str) -> bool:
     wrapped = f"/{name}/"
     if "//" in wrapped or "/./" in wrapped or "/../" in wrapped:
         return False  # empty, leading or trailing '/', '//', or a '.' or '..' part
+    if len(name) > MAX_LAST_NAME_PART and _long_part(name) is not None:
+        return False
     return name not in RESERVED_FIRST_PARTS and not name.startswith(_RESERVED_DIRS)
+
+
+def _long_part(name: str) -> str | None:
+    """Why a part of `name` is too long for a directory name; None when none is."""
+    *parents, last = name.split("/")
+    for part in parents:
+        if len(part.encode()) > MAX_NAME_PART:
+            return f"the part {part[:20]!r}... is {len(part.encode())} bytes, over the {MAX_NAME_PART} a directory name may have"
+    if len(last.encode()) > MAX_LAST_NAME_PART:
+        return (
+            f"its last part {last[:20]!r}... is {len(last.encode())} bytes: with '-' and the 8-digit hash added it "
+            f"would be over the {MAX_NAME_PART} a directory name may have (at most {MAX_LAST_NAME_PART})"
+        )
+    return None
 
 
 _RESERVED_DIRS = tuple(f"{part}/" for part in RESERVED_FIRST_PARTS)
@@ -94,6 +117,9 @@ def _name_problem(name: str) -> str | None:
         if not set(part) <= _NAME_CHARS:
             bad = "".join(sorted(set(part) - _NAME_CHARS))
             return f"it contains {bad!r}"
+    too_long = _long_part(name)
+    if too_long is not None:
+        return too_long
     if parts[0] in RESERVED_FIRST_PARTS:
         return (
             f"'{parts[0]}' is reserved: <prefix>/{parts[0]}/ holds the experiment manifests; rename the step"

@@ -254,6 +254,8 @@ def test_non_step_in_the_step_list(tmp_path):
         ("semi;colon", "';'"),
         ("experiments", "reserved"),
         ("experiments/x", "reserved"),
+        ("a/" + "x" * 247, "247 bytes"),  # 247 + '-' + 8 hash digits = 257 > 255
+        ("y" * 256 + "/b", "256 bytes"),
     ],
 )
 def test_invalid_step_name_is_refused_when_the_step_is_built(name, problem):
@@ -279,8 +281,18 @@ def test_the_fast_name_check_agrees_with_the_explained_one():
     # check_step_name accepts with string methods and explains refusals part by part: same verdicts.
     names = ["".join(chars) for k in range(7) for chars in itertools.product("a./-", repeat=k)]
     names += ["experiments", "experiments/x", "experimentsx", "x/experiments", "experiments.v2", "é"]
+    names += ["x" * 246, "x" * 247, "a/" + "x" * 246, "a/" + "x" * 247, "y" * 255 + "/b", "y" * 256 + "/b"]
     for name in names:
         assert _is_valid_name(name) == (_name_problem(name) is None), name
+
+
+def test_the_longest_names_accepted_run_on_local_disk(tmp_path):
+    """The limits are the filesystem's: the longest accepted parts make directories that work."""
+    longest = step("y" * 255 + "/" + "x" * 246)
+    Executor(str(prefix_of(tmp_path)), console=False).run([longest])
+    output = resolve([longest], str(prefix_of(tmp_path))).steps[0].output_path
+    assert len(output.rsplit("/", 1)[-1]) == 255
+    assert read_status(LocalStore(), output)[-1].status == Status.SUCCESS
 
 
 def _dirname(tmp_path: Path, s: ExecutorStep) -> str:
