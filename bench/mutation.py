@@ -84,12 +84,13 @@ class Target:
 # test_untrusted_trees reads crafted output trees through executor.template and executor.tree.
 _EXECUTOR_TESTS = ("tests/executor", "tests/marin/test_untrusted_trees.py")
 # s3 runs the store contract against SeaweedFS (seconds to start, same code path as memory://).
-# The script-line test checks which frame raised, and mutmut's trampolines add frames.
+# The script-line tests check which frame raised, and mutmut's trampolines add frames.
 # The drivers that test_console_and_signals.py starts as subprocesses (closed console, no
 # console, SIGTERM) start a lease keeper under `python -S`, which cannot import the mutated
 # copy's trampolines (see lease_keeper below): in-process tests there cover the same code.
 _EXECUTOR_SELECT = (
     "not s3 and not test_an_invalid_step_name_at_the_top_of_a_script"
+    " and not test_a_bad_declaration_at_the_top_of_a_script_is_one_line_with_its_place"
     " and not test_a_console_closed_mid_run_does_not_hang_the_run"
     " and not test_a_run_started_without_a_console_succeeds"
     " and not test_a_heavy_step_printing_to_a_closed_console_succeeds"

@@ -8,7 +8,8 @@ Public API (Marin's names, so Marin experiment scripts port by changing imports)
 This package imports no JAX, Levanter or other heavy dependency: planning and dry
 runs stay fast. `import executor` loads neither fsspec (local disk goes through `os`)
 nor draccus: `executor_main` and `ExecutorMainConfig` (the command line, in
-`executor.main`) load on first use. See `executor.graph` for what a version is and
+`executor.main`) load on first use, as do the `ResourceConfig` classes (`executor.resources`:
+only steps that ask for resources need them). See `executor.graph` for what a version is and
 how paths are chosen.
 """
 
@@ -17,7 +18,6 @@ from executor.executor import Executor
 from executor.graph import HASH_LENGTH, StepDefinitionError
 from executor.lease import LeaseConfig
 from executor.outcomes import ExecutorRunError
-from executor.resources import CpuConfig, GpuConfig, ResourceConfig, TpuConfig
 from executor.steps import (
     THIS_OUTPUT_PATH,
     ExecutorStep,
@@ -63,7 +63,14 @@ __all__ = [
     "versioned",
 ]
 
-_LAZY = {"ExecutorMainConfig": "executor.main", "executor_main": "executor.main"}
+_LAZY = {
+    "ExecutorMainConfig": "executor.main",
+    "executor_main": "executor.main",
+    "CpuConfig": "executor.resources",
+    "GpuConfig": "executor.resources",
+    "ResourceConfig": "executor.resources",
+    "TpuConfig": "executor.resources",
+}
 """Names whose module loads on first use (module `__getattr__`, PEP 562)."""
 
 

@@ -45,7 +45,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.diffing import diff_flat, flatten
 from executor.fingerprint import (
     MAX_DEPTH,
     MAX_VERSION_BYTES,
@@ -610,6 +609,8 @@ def _check_interchangeable(kept: ResolvedStep, other: ResolvedStep) -> None:
     if kept.step.fn is not other.step.fn:
         problems.append(f"different functions ({kept.fn_name} vs {other.fn_name})")
     if kept.config_digest != other.config_digest:
+        from executor.diffing import diff_flat, flatten  # (loaded only to explain a difference)
+
         changed = [
             entry.field for entry in diff_flat(flatten(kept.config_record), flatten(other.config_record))
         ]

@@ -33,7 +33,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from executor.diffing import diff_flat, diff_versions, flatten
 from executor.graph import HASH_LENGTH, ResolvedStep, StepDefinitionError, StepGraph
 from executor.lease import LeaseManager
 from executor.records import record
@@ -302,6 +301,8 @@ def make_plan(
             previous = siblings.most_recent(step)
             if previous is not None:
                 path, version = previous
+                from executor.diffing import diff_versions  # (loaded only to explain a new version)
+
                 dep_names = [names.get(p, p) for p in step.dependencies]
                 reasons = diff_versions(version, step.version, dep_names)
                 row = dataclasses.replace(row, why_new=tuple(reasons), previous_output=path)
@@ -383,6 +384,8 @@ def _plan_step(
 def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> PlannedStep:
     stored_version = event.extra.get("version_hash")
     if stored_version is not None and stored_version != step.version_hash:
+        from executor.diffing import diff_versions  # loaded only to explain a change: not on a cached re-run
+
         info = read_info(store, step.output_path) or {}
         reasons = diff_versions(info.get("version", {}), step.version) or ["(versions differ)"]
         if step.step.override_output_path is None:
@@ -405,6 +408,8 @@ def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> Pla
         if info is None:  # not "every field added": which ones differ is unknown
             changes = (f"which ones is unknown: {info_path(step.output_path)} cannot be read",)
         else:
+            from executor.diffing import diff_flat, flatten
+
             diff = diff_flat(flatten(recorded_config(info)), flatten(step.config_record), skip_unset=True)
             changes = tuple(change.describe() for change in diff)
     return record(PlannedStep, {**_SKIPPED_ROW, "step": step, "unversioned_changes": changes})

@@ -35,17 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-
-class StepDefinitionError(ValueError):
-    """A step (or the set of steps) is declared in a way the executor cannot run.
-
-    Defined here, the lowest module of the declarations (`executor.steps` imports this one),
-    so that `ResourceConfig` can raise it too; `executor.steps`, `executor.graph` and
-    `executor` re-export it. `executor_main` reports it as one line (with the script's file
-    and line when it is raised at the top of a script). A ValueError, so callers catching
-    ValueError keep working.
-    """
-
+from executor.step_errors import StepDefinitionError  # re-exported: raised by the configs below
 
 _RAY_GPU_TYPES = (
     "V100",

@@ -1,4 +1,5 @@
-"""An uncaught StepDefinitionError at the top of a script as one line, `error: file:line: message`.
+"""`StepDefinitionError`, and an uncaught one at the top of a script as one line,
+`error: file:line: message`.
 
 Installed as `sys.excepthook` by `import executor` (not only once `executor_main` is
 used): a script that writes `import executor` and calls `executor.executor_main` at its
@@ -10,7 +11,16 @@ from __future__ import annotations
 import os
 import sys
 
-from executor.resources import StepDefinitionError
+
+class StepDefinitionError(ValueError):
+    """A step (or the set of steps) is declared in a way the executor cannot run.
+
+    Defined here, the lowest module of the declarations: `executor.steps` and
+    `executor.resources` import it (`ResourceConfig` raises it too), and they,
+    `executor.graph` and `executor` re-export it. `executor_main` reports it as one line
+    (with the script's file and line when it is raised at the top of a script). A
+    ValueError, so callers catching ValueError keep working.
+    """
 
 
 def _one_line_step_errors(kind, error, tb, previous=sys.excepthook):

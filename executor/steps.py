@@ -29,11 +29,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-# StepDefinitionError is defined in executor.resources (imported here, and by executor.resources'
-# own constructors) and re-exported from here, executor.graph and executor.
-from executor.resources import ResourceConfig, StepDefinitionError
+from executor.step_errors import StepDefinitionError
+
+if TYPE_CHECKING:
+    from executor.resources import ResourceConfig
 
 ConfigT = TypeVar("ConfigT")
 T = TypeVar("T")
@@ -253,6 +254,8 @@ class ExecutorStep(Generic[ConfigT]):
 def _check_resources(step: ExecutorStep) -> None:
     """Refuse a `resources` value that is not None, a dict or a ResourceConfig; turn a recorded
     ResourceConfig (`{"__type__": "ResourceConfig", ...}` from `.executor_info`) back into one."""
+    from executor.resources import ResourceConfig  # (loaded by the first step that asks for resources)
+
     resources = step.resources
     if type(resources) is ResourceConfig or (type(resources) is dict and "__type__" not in resources):
         return
