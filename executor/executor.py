@@ -125,6 +125,7 @@ class Executor:
         script = caller_script()
         with _cyclic_gc_paused():
             graph = resolve(steps, self.prefix)
+        _refuse_manifests_inside_an_output(graph, self.executor_info_base_path)
         self._record_graph(graph)
         # A wrong endpoint or bucket fails here in one line, before hundreds of status reads
         # each wait out the client's retries.
@@ -281,6 +282,24 @@ def _declared_steps(steps: Sequence[ExecutorStep | InputName]) -> list[ExecutorS
             step = step.step
         declared.append(step)
     return declared
+
+
+def _refuse_manifests_inside_an_output(graph: StepGraph, base: str) -> None:
+    """The manifests directory may not be inside a step's output: they would mix with its files,
+    and removing the output (`marin gc`, `rm -r` of a failed step) would take them along. (A
+    directory holding outputs is fine: manifests are `<script>-<hash>.json` files.)"""
+    path = base
+    while True:
+        step = graph.by_path.get(path)
+        if step is not None:
+            raise ValueError(
+                f"executor_info_base_path {base} is inside the output of step {step.name!r} "
+                f"({step.output_path}); put the manifests outside every step's output"
+            )
+        cut = path.rfind("/")
+        if cut <= 0:
+            break
+        path = path[:cut]
 
 
 KEEPER_PROTOCOLS = ("file", "s3", "s3a", "gs", "gcs")

@@ -113,3 +113,29 @@ def test_manifests_on_another_storage_than_the_prefix_are_a_usage_error(tmp_path
     err = capsys.readouterr().err
     assert err.startswith(f"error: --executor_info_base_path {base!r} is on {base.split('://')[0]}://")
     assert os.listdir(tmp_path) == []
+
+
+def test_manifests_inside_a_step_output_are_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """Removing the output (gc, a failed step's `rm -r`) would take the manifests along."""
+    from executor import Executor, ExecutorStep, this_output_path
+    from tests.executor.steps_for_tests import WriteConfig, write_value
+
+    step = ExecutorStep(name="a", fn=write_value, config=WriteConfig(output_path=this_output_path()))
+    prefix = tmp_path / "p"
+    output = Executor(str(prefix), console=False).run([step], dry_run=True).rows[0].output_path
+    for base in (output, f"{output}/manifests/deeper"):
+        monkeypatch.setattr(
+            "sys.argv", ["exp.py", "--prefix", str(prefix), "--executor_info_base_path", base]
+        )
+        with pytest.raises(SystemExit) as exited:
+            main.executor_main([step])
+        assert exited.value.code == 1
+        err = capsys.readouterr().err
+        assert f"error: executor_info_base_path {base} is inside the output of step 'a' ({output})" in err
+        assert not os.path.exists(prefix)
+    # Next to the outputs (the prefix itself) is fine: manifests are files, outputs directories.
+    monkeypatch.setattr(
+        "sys.argv", ["exp.py", "--prefix", str(prefix), "--executor_info_base_path", str(prefix)]
+    )
+    main.executor_main([step])
+    assert os.path.isdir(output) and any(name.endswith(".json") for name in os.listdir(prefix))
