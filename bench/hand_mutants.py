@@ -1,4 +1,4 @@
-"""Hand-applied mutants of the ninth, tenth and eleventh sessions' fixes: each one removes or weakens a
+"""Hand-applied mutants of the ninth to twelfth sessions' fixes: each one removes or weakens a
 fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
@@ -291,6 +291,43 @@ MUTANTS = [
         "    _refuse_repeated_flags(argv)\n",
         "",
         "tests/executor/test_bad_cli.py",
+    ),
+    # Twelfth session.
+    (
+        "executor/outcomes.py",
+        "            emit(skipped_event(row))\n",
+        "            pass\n",
+        "tests/executor/test_fast_paths.py",
+    ),
+    (
+        "executor/outcomes.py",
+        "    if todo:\n        raise ValueError",
+        "    if False:\n        raise ValueError",
+        "tests/executor/test_fast_paths.py",
+    ),
+    (
+        "executor/executor.py",
+        "from executor.outcomes import DEFAULT_MAX_RETRIES",
+        "import executor.runner  # noqa: F401\nfrom executor.outcomes import DEFAULT_MAX_RETRIES",
+        "tests/executor/test_fast_paths.py",
+    ),
+    (
+        "executor/steps.py",
+        "MAX_LAST_NAME_PART = MAX_NAME_PART - 9\n",
+        "MAX_LAST_NAME_PART = MAX_NAME_PART - 8\n",
+        "tests/executor/test_bad_input.py",
+    ),
+    (
+        "executor/steps.py",
+        "    if len(name) > MAX_LAST_NAME_PART and _long_part(name) is not None:",
+        "    if False:",
+        "tests/executor/test_bad_input.py",
+    ),
+    (
+        "executor/executor.py",
+        "        _refuse_manifests_inside_an_output(graph, self.executor_info_base_path)\n",
+        "",
+        "tests/executor/test_flags.py",
     ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
