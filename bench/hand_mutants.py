@@ -329,6 +329,49 @@ MUTANTS = [
         "",
         "tests/executor/test_flags.py",
     ),
+    # Twelfth session: survivors of the mutmut sample, pinned by new in-process tests.
+    (
+        "executor/main.py",
+        '        if not arg.startswith("--") or arg == "--":',
+        '        if not arg.startswith("XX--XX") or arg == "--":',
+        "tests/executor/test_mutation_guards.py -k twice",
+    ),
+    (
+        "executor/plan.py",
+        'why = error if isinstance(error, re.error) else "nested too deeply"',
+        'why = error if True else "nested too deeply"',
+        "tests/executor/test_mutation_guards.py -k nested_too",
+    ),
+    (
+        "executor/executor.py",
+        '            + (f" {steps.name!r}: pass [step]"',
+        '            - (f" {steps.name!r}: pass [step]"',
+        "tests/executor/test_mutation_guards.py -k instead_of_a_list",
+    ),
+    (
+        "executor/lease.py",
+        'raise NotRegularFileError(path, f"it is over',
+        'raise NotRegularFileError(None, f"it is over',
+        "tests/executor/test_mutation_guards.py -k too_big",
+    ),
+    (
+        "executor/terminal.py",
+        '.replace("\\r", "\\n")',
+        '.replace("\\r", "XX\\nXX")',
+        "tests/executor/test_mutation_guards.py -k carriage",
+    ),
+    (
+        "executor/store.py",
+        'if scheme != "memory" and',
+        'if scheme != "MEMORY" and',
+        "tests/executor/test_mutation_guards.py -k memory_prefix",
+    ),
+    (
+        "executor/backends/local.py",
+        "                    env=child_env(),\n",
+        "                    env=None,\n",
+        "tests/executor/test_mutants_backends_local.py -k hosted_step_runs_with",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 

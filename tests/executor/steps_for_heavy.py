@@ -133,3 +133,16 @@ def resumable_count(config: ResumableConfig) -> None:
         os.replace(temp, progress)
     with open(os.path.join(config.output_path, "done"), "w") as handle:
         handle.write("ok")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    output_path: str
+    names: tuple[str, ...] = ("WANDB_SERVICE", "MARIN_SOMETHING")
+
+
+def record_env(config: EnvConfig) -> None:
+    """Write the values of `names` in this process's environment (None where unset) to env.json."""
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "env.json"), "w") as handle:
+        json.dump({name: os.environ.get(name) for name in config.names}, handle)

@@ -487,3 +487,22 @@ def test_the_child_reads_nothing_from_the_drivers_stdin(tmp_path):
     assert result["outcome"] == "succeeded"
     with open(os.path.join(resolved.output_path, "stdin.txt")) as handle:
         assert handle.read() == "devnull"
+
+
+def test_a_hosted_step_runs_with_the_child_environment(tmp_path, monkeypatch):
+    """The step's process gets `child_env()`: the driver's variables without $WANDB_SERVICE."""
+    from executor import Executor
+    from tests.executor.steps_for_heavy import EnvConfig, record_env
+
+    monkeypatch.setenv("WANDB_SERVICE", "2-123-tcp-localhost-4567")
+    monkeypatch.setenv("MARIN_SOMETHING", "kept")
+    step = ExecutorStep(
+        name="env",
+        fn=record_env,
+        config=EnvConfig(output_path=this_output_path()),
+        resources=ResourceConfig.with_cpu(cpu=1),
+    )
+    executor = Executor(str(tmp_path), console=False)
+    executor.run([step])
+    with open(os.path.join(executor.output_paths[step], "env.json")) as handle:
+        assert json.load(handle) == {"WANDB_SERVICE": None, "MARIN_SOMETHING": "kept"}

@@ -1270,3 +1270,58 @@ def test_an_empty_record_flattens_to_no_fields():
     assert flatten({"a": {}}) == {"a": {}}  # an empty field is still a field
     changes = diff_flat(flatten({}), flatten({"lr": 0.1}))
     assert [(c.field, c.new) for c in changes] == [("lr", 0.1)] and "added" in changes[0].describe()
+
+
+# -- survivors of the twelfth session's mutmut sample, pinned in this process (their
+# -- command-line tests in test_bad_cli.py run subprocesses, which mutmut does not see)
+
+
+def test_a_flag_given_twice_is_a_usage_error_naming_it(cli, capsys):
+    assert cli([write_step("a")], "--dry_run", "true", "--dry_run", "false") == executor.main.EXIT_USAGE
+    assert "--dry_run" in capsys.readouterr().err
+    assert CALLS == {}
+
+
+def test_a_run_only_pattern_nested_too_deeply_says_so(cli, capsys):
+    assert (
+        cli([write_step("a")], "--run_only", json.dumps(["(" * 5000 + ")" * 5000]))
+        == executor.main.EXIT_USAGE
+    )
+    err = capsys.readouterr().err
+    assert "--run_only: invalid regular expression" in err and "nested too deeply" in err
+    assert "recursion" not in err.lower()
+
+
+def test_one_step_instead_of_a_list_is_refused_with_the_fix(tmp_path):
+    step = write_step("b")
+    with pytest.raises(
+        StepDefinitionError, match=r"^steps must be a list of steps, got ExecutorStep 'b': pass \[step\]$"
+    ):
+        Executor(str(tmp_path), console=False).run(step)
+
+
+def test_a_lease_too_big_to_be_one_is_refused_naming_its_file(tmp_path):
+    from executor.lease import MAX_LEASE_BYTES, read_lease
+    from executor.store import NotRegularFileError
+
+    output = tmp_path / "a-1"
+    output.mkdir()
+    lease = lease_path(str(output))
+    Path(lease).write_bytes(b"x" * (MAX_LEASE_BYTES + 1))
+    with pytest.raises(NotRegularFileError) as refused:
+        read_lease(open_store(str(tmp_path)), str(output))
+    assert refused.value.path == lease and str(refused.value).startswith(f"{lease}: it is over")
+
+
+def test_a_lone_carriage_return_starts_a_new_line_in_printed_logs():
+    from executor.terminal import printable
+
+    assert printable("50%\r100%\r\ndone\r") == "50%\n100%\ndone\n"
+
+
+def test_a_memory_prefix_needs_no_bucket():
+    from executor.store import StoreError, normalize_prefix
+
+    assert normalize_prefix("memory:///runs") == "memory:///runs"
+    with pytest.raises(StoreError):
+        normalize_prefix("s3:///runs")
