@@ -372,6 +372,12 @@ MUTANTS = [
         "                    env=None,\n",
         "tests/executor/test_mutants_backends_local.py -k hosted_step_runs_with",
     ),
+    (
+        "executor/tree.py",
+        "    if len(text) > INFO_READ_BY_TOOLS_BYTES:",
+        "    if False:",
+        "tests/marin/test_untrusted_trees.py -k tools_cannot",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 

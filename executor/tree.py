@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import os
 import re
 import time
@@ -38,6 +39,8 @@ from executor.store import (
     special_file_error,
 )
 from executor.template import encode_template
+
+logger = logging.getLogger(__name__)
 
 INFO_FILE = ".executor_info"
 STATUS_FILE = ".executor_status"
@@ -546,7 +549,28 @@ def recorded_config(info: dict[str, Any]) -> Any:
 
 
 def write_info(store: Store, record: dict[str, Any]) -> None:
-    store.write_atomic(info_path(record["output_path"]), info_json(record))
+    text = info_json(record)
+    if len(text) > INFO_READ_BY_TOOLS_BYTES:  # (ASCII: characters are bytes)
+        _warn_large_info(record, len(text))
+    store.write_atomic(info_path(record["output_path"]), text)
+
+
+INFO_READ_BY_TOOLS_BYTES = 4 << 20
+"""The most of a bookkeeping file `marin ls`/`explain`/`reproduce` and the browser read
+(`marin.outputs.MAX_RECORD_BYTES`; a test keeps the two equal)."""
+
+
+def _warn_large_info(record: dict[str, Any], size: int) -> None:
+    """Written all the same (it is the step's record), but the user is told that the tools
+    will call it unreadable: a large unversioned config (a list of 100,000 file names) does it."""
+    logger.warning(
+        "step %s: its .executor_info is %s bytes, over the %s that marin ls, explain, reproduce and "
+        "the browser read: they will report it as unreadable, and reproduce cannot rebuild this "
+        "step. Keep large values in a file and pass its path in the config",
+        record.get("name"),
+        f"{size:,}",
+        f"{INFO_READ_BY_TOOLS_BYTES:,}",
+    )
 
 
 def info_json(record: dict[str, Any]) -> str:

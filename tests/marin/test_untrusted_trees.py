@@ -460,3 +460,37 @@ def test_a_recorded_step_that_cannot_be_declared_names_its_file(capsys, tree, tm
     info = edit(tree, change)
     err = reproduce_refused(capsys, tree, tmp_path, info, why)
     assert "cannot be resolved" not in err
+
+
+def test_a_step_whose_record_the_tools_cannot_read_is_warned_about_when_it_runs(tmp_path, caplog):
+    """A large unversioned config makes an .executor_info over what `marin` reads: the run
+    warns, naming the step and the limit; the record is still written whole."""
+    import logging
+    from dataclasses import dataclass
+
+    from executor import ExecutorStep, this_output_path
+    from executor.tree import INFO_READ_BY_TOOLS_BYTES, read_info
+
+    assert INFO_READ_BY_TOOLS_BYTES == MAX_RECORD_BYTES  # the executor warns at what marin reads
+
+    @dataclass(frozen=True)
+    class ManyFiles:
+        files: list
+        output_path: str
+
+    def touch(config):
+        os.makedirs(config.output_path, exist_ok=True)
+
+    files = [f"/data/shard-{i:07d}.jsonl.gz" for i in range(MAX_RECORD_BYTES // 30)]
+    big = ExecutorStep(name="big", fn=touch, config=ManyFiles(files, this_output_path()))
+    small = ExecutorStep(name="small", fn=touch, config=ManyFiles(files[:10], this_output_path()))
+    executor = Executor(str(tmp_path), console=False)
+    with caplog.at_level(logging.WARNING, logger="executor.tree"):
+        executor.run([big, small])
+    warnings = [record.getMessage() for record in caplog.records if record.name == "executor.tree"]
+    assert len(warnings) == 1 and warnings[0].startswith("step big: its .executor_info is ")
+    assert f"over the {MAX_RECORD_BYTES:,} that marin ls" in warnings[0]
+    path = executor.output_paths[big]
+    assert read_info(executor.store, path)["config"]["files"] == files  # written whole
+    with pytest.raises(TreeFileError, match="more than the"):
+        OutputTree(str(tmp_path)).read_record(info_path(path))
