@@ -338,8 +338,8 @@ MUTANTS = [
     ),
     (
         "executor/plan.py",
-        'why = error if isinstance(error, re.error) else "nested too deeply"',
-        'why = error if True else "nested too deeply"',
+        '    except RecursionError:\n        raise ValueError("nested too deeply") from None',
+        "    except RecursionError as error:\n        raise ValueError(str(error)) from None",
         "tests/executor/test_mutation_guards.py -k nested_too",
     ),
     (

@@ -24,7 +24,7 @@ from typing import Any
 from executor.backends import Backend, backend_name, open_backend
 from executor.console import ConsoleProgress, write_or_drop
 from executor.events import planned_event
-from executor.graph import StepDefinitionError, StepGraph, resolve, storage_of
+from executor.graph import StepDefinitionError, StepGraph, enclosing_output, resolve, storage_of
 from executor.lease import LeaseConfig, LeaseManager, new_worker_id
 from executor.outcomes import DEFAULT_MAX_RETRIES, ExecutorRunError, Outcome, skip_all
 from executor.plan import Action, Plan, make_plan
@@ -288,18 +288,12 @@ def _refuse_manifests_inside_an_output(graph: StepGraph, base: str) -> None:
     """The manifests directory may not be inside a step's output: they would mix with its files,
     and removing the output (`marin gc`, `rm -r` of a failed step) would take them along. (A
     directory holding outputs is fine: manifests are `<script>-<hash>.json` files.)"""
-    path = base
-    while True:
-        step = graph.by_path.get(path)
-        if step is not None:
-            raise ValueError(
-                f"executor_info_base_path {base} is inside the output of step {step.name!r} "
-                f"({step.output_path}); put the manifests outside every step's output"
-            )
-        cut = path.rfind("/")
-        if cut <= 0:
-            break
-        path = path[:cut]
+    step = enclosing_output(graph.by_path, base)
+    if step is not None:
+        raise ValueError(
+            f"executor_info_base_path {base} is inside the output of step {step.name!r} "
+            f"({step.output_path}); put the manifests outside every step's output"
+        )
 
 
 KEEPER_PROTOCOLS = ("file", "s3", "s3a", "gs", "gcs")

@@ -41,7 +41,7 @@ import dataclasses
 import functools
 import inspect
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -590,15 +590,24 @@ def _check_output_dirs(steps: Sequence[ResolvedStep], prefix: str) -> None:
                     f"step {step.name!r} writes to {path}, which collides with {directory}/ where the "
                     "experiment manifests go; change its override_output_path"
                 )
-        cut = len(path)
-        while (cut := path.rfind("/", 0, cut)) > 0:
-            outer = by_path.get(path[:cut])
-            if outer is not None:
-                raise StepDefinitionError(
-                    f"step {step.name!r} writes to {path}, inside the output of step {outer.name!r} "
-                    f"({outer.output_path}): their files and status would mix. Rename {step.name!r} "
-                    "(or change its override_output_path) so that it writes next to it"
-                )
+        outer = enclosing_output(by_path, path.rpartition("/")[0])
+        if outer is not None:
+            raise StepDefinitionError(
+                f"step {step.name!r} writes to {path}, inside the output of step {outer.name!r} "
+                f"({outer.output_path}): their files and status would mix. Rename {step.name!r} "
+                "(or change its override_output_path) so that it writes next to it"
+            )
+
+
+def enclosing_output(by_path: Mapping[str, ResolvedStep], path: str) -> ResolvedStep | None:
+    """The step whose output directory is `path` or a directory above it (None if none is)."""
+    cut = len(path)
+    while cut > 0:
+        step = by_path.get(path[:cut])
+        if step is not None:
+            return step
+        cut = path.rfind("/", 0, cut)
+    return None
 
 
 def _check_interchangeable(kept: ResolvedStep, other: ResolvedStep) -> None:

@@ -157,12 +157,22 @@ def compile_run_only(patterns: Sequence[str] | None) -> list[re.Pattern] | None:
                 f"run_only: expected regexes (strings), got {type(pattern).__name__} {pattern!r}"
             )
         try:
-            compiled.append(re.compile(pattern))
-        except (re.error, RecursionError) as error:  # RecursionError: groups nested thousands deep
+            compiled.append(compile_regex(pattern))
+        except ValueError as why:
             shown = pattern if len(pattern) <= 200 else f"{pattern[:200]}... ({len(pattern):,} characters)"
-            why = error if isinstance(error, re.error) else "nested too deeply"
             raise RunOnlyError(f"run_only: invalid regular expression {shown!r}: {why}") from None
     return compiled
+
+
+def compile_regex(pattern: str) -> re.Pattern:
+    """`re.compile(pattern)`; a ValueError saying why when it is not a regular expression, or
+    nests groups thousands deep (the parser's RecursionError: "nested too deeply")."""
+    try:
+        return re.compile(pattern)
+    except re.error as error:
+        raise ValueError(str(error)) from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _read_status(store: Store, output_path: str, reader=None) -> StepStatus:

@@ -71,14 +71,15 @@ def _is_valid_name(name: str) -> bool:
 
 
 def _long_part(name: str) -> str | None:
-    """Why a part of `name` is too long for a directory name; None when none is."""
+    """Why a part of `name` is too long for a directory name; None when none is. (Callers check
+    the characters first: a name is ASCII, so its characters are its bytes.)"""
     *parents, last = name.split("/")
     for part in parents:
-        if len(part.encode()) > MAX_NAME_PART:
-            return f"the part {part[:20]!r}... is {len(part.encode())} bytes, over the {MAX_NAME_PART} a directory name may have"
-    if len(last.encode()) > MAX_LAST_NAME_PART:
+        if len(part) > MAX_NAME_PART:
+            return f"the part {part[:20]!r}... is {len(part)} bytes, over the {MAX_NAME_PART} a directory name may have"
+    if len(last) > MAX_LAST_NAME_PART:
         return (
-            f"its last part {last[:20]!r}... is {len(last.encode())} bytes: with '-' and the 8-digit hash added it "
+            f"its last part {last[:20]!r}... is {len(last)} bytes: with '-' and the 8-digit hash added it "
             f"would be over the {MAX_NAME_PART} a directory name may have (at most {MAX_LAST_NAME_PART})"
         )
     return None

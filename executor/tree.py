@@ -557,7 +557,7 @@ def write_info(store: Store, record: dict[str, Any]) -> None:
 
 INFO_READ_BY_TOOLS_BYTES = 4 << 20
 """The most of a bookkeeping file `marin ls`/`explain`/`reproduce` and the browser read
-(`marin.outputs.MAX_RECORD_BYTES`; a test keeps the two equal)."""
+(`marin.outputs.MAX_RECORD_BYTES` is this)."""
 
 
 def _warn_large_info(record: dict[str, Any], size: int) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.diffing import flatten
+from executor.plan import compile_regex
 from marin.outputs import OutputTree, RefError, StepOutput, TreeFileError, finite_number
 
 TRAINING_FUNCTIONS = frozenset(
@@ -155,11 +156,10 @@ def _select(tree: OutputTree, pattern: str | None) -> list[StepOutput]:
 
 def name_regex(pattern: str, refusal: str) -> re.Pattern:
     """`pattern` compiled; ValueError `'<pattern>' is <refusal>: <why>` if it is not a regex
-    (or nests groups thousands deep: a RecursionError from the parser)."""
+    (or nests groups thousands deep; see `executor.plan.compile_regex`)."""
     try:
-        return re.compile(pattern)
-    except (re.error, RecursionError) as error:
-        why = error if isinstance(error, re.error) else "nested too deeply"
+        return compile_regex(pattern)
+    except ValueError as why:
         raise ValueError(f"{pattern[:200]!r} is {refusal}: {why}") from None
 
 

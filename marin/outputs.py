@@ -40,6 +40,7 @@ from executor.lease import LeaseRecord
 from executor.store import FileInfo, Store, normalize_prefix, open_store
 from executor.tree import (
     INFO_FILE,
+    INFO_READ_BY_TOOLS_BYTES,
     LEASE_FILE,
     LOG_FILE,
     STATUS_FILE,
@@ -62,8 +63,9 @@ _HEX = re.compile(r"^[0-9a-f]{2,64}$")
 PARALLEL_READS = 32
 """Concurrent reads on object stores (1: one at a time, for comparison in bench/tree_tools.py)."""
 
-MAX_RECORD_BYTES = 4 << 20
-"""The most a bookkeeping file read whole may hold (4 MiB; real ones hold a few KB)."""
+MAX_RECORD_BYTES = INFO_READ_BY_TOOLS_BYTES
+"""The most a bookkeeping file read whole may hold (4 MiB; real ones hold a few KB). Defined by
+the executor, which warns when it writes a step record larger than this."""
 
 T = TypeVar("T")
 R = TypeVar("R")
