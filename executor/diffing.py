@@ -7,8 +7,9 @@ fingerprint encoder produces, so it compares what was recorded, not live objects
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from executor.records import dataclass
 
 _MISSING = object()
 

@@ -10,10 +10,10 @@ with `inspect` at import (about a tenth of what the event classes cost to create
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
-from executor.records import record
+from executor.records import dataclass, record
 
 
 @dataclass(frozen=True)

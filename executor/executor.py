@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import signal
 import sys
 import threading
@@ -25,6 +24,7 @@ from executor.backends import Backend, backend_name, open_backend
 from executor.console import ConsoleProgress, write_or_drop
 from executor.events import planned_event
 from executor.graph import StepDefinitionError, StepGraph, enclosing_output, resolve, storage_of
+from executor.lazy_logging import LazyLogger, apply_pending_config
 from executor.lease import LeaseConfig, LeaseManager, new_worker_id
 from executor.outcomes import DEFAULT_MAX_RETRIES, ExecutorRunError, Outcome, skip_all
 from executor.plan import Action, Plan, make_plan
@@ -37,7 +37,7 @@ from executor.provenance import (
 from executor.steps import ExecutorStep, InputName
 from executor.store import normalize_prefix, open_store
 
-logger = logging.getLogger(__name__)
+logger = LazyLogger(__name__)
 
 
 class Executor:
@@ -184,6 +184,7 @@ class Executor:
                 # module alone costs a cached re-run ~10 ms of imports).
                 backend = self._open_backend() if will_run or isinstance(self.backend, Backend) else Backend()
                 if will_run:
+                    apply_pending_config()  # steps log through `logging` itself
                     backend.start()
                     leases.start()
                 emit = self._dispatch(listeners, plan)

@@ -40,9 +40,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from executor.fingerprint import (
@@ -55,6 +54,8 @@ from executor.fingerprint import (
     sha256_hex,
     short_path,
 )
+from executor.lazy_logging import LazyLogger
+from executor.records import dataclass
 from executor.steps import (
     RESERVED_FIRST_PARTS,
     ExecutorStep,
@@ -68,7 +69,7 @@ from executor.steps import (
 )
 from executor.walker import map_markers
 
-logger = logging.getLogger(__name__)
+logger = LazyLogger(__name__)
 
 HASH_LENGTH = 8
 """Hex digits of the version hash used in output paths (see the module docstring)."""

@@ -44,20 +44,20 @@ older one the driver asks the keeper, which holds the lease's current bytes.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import ClassVar
 
+from executor.lazy_logging import LazyLogger
+from executor.records import dataclass
 from executor.store import NotRegularFileError, Store
 from executor.tree import LeaseRecord, lease_path
 
-logger = logging.getLogger(__name__)
+logger = LazyLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)

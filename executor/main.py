@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import logging
 import os
 import sys
 from typing import Optional
@@ -43,9 +42,11 @@ from typing import Optional
 from executor.console import settle_stdout, write_or_drop
 from executor.executor import Executor, sigterm_interrupts
 from executor.graph import storage_of
+from executor.lazy_logging import configure_when_used
 from executor.lease import LeaseConfig
 from executor.outcomes import ExecutorRunError
 from executor.plan import RunOnlyError, compile_run_only
+from executor.records import dataclass
 from executor.steps import ExecutorStep, InputName
 
 DEFAULT_PREFIX = "./marin-output"
@@ -55,7 +56,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class ExecutorMainConfig:
     """Flags shared by every experiment script."""
 
@@ -134,8 +135,8 @@ def executor_main(steps: list[ExecutorStep | InputName], description: Optional[s
         backend = backend_of(config)
     except UsageError as error:
         _exit(str(error), EXIT_USAGE)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # (`logging` itself is imported only once something logs: see executor.lazy_logging.)
+    configure_when_used(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prefix = resolve_prefix(config.prefix)
     base = config.executor_info_base_path
     if base is not None and storage_of(base) != storage_of(prefix):

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from executor.graph import Mirror
+from executor.records import dataclass
 
 SOURCES_VARIABLE = "MARIN_MIRROR_SOURCES"
 """Environment variable listing the prefixes mirrored paths are copied from."""

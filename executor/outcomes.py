@@ -9,10 +9,11 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from executor.events import RunFinished, skipped_event
 from executor.plan import Action, PlannedStep
+from executor.records import dataclass
 
 DEFAULT_MAX_RETRIES = 2
 """Re-submissions of a heavy step whose process or node was lost (not of one that failed)."""

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import logging
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from executor.graph import HASH_LENGTH, ResolvedStep, StepDefinitionError, StepGraph
+from executor.lazy_logging import LazyLogger
 from executor.lease import LeaseManager
-from executor.records import record
+from executor.records import dataclass, record
 from executor.steps import ExecutorStep
 from executor.store import NotRegularFileError, Store
 from executor.terminal import one_line
@@ -53,7 +53,7 @@ from executor.tree import (
     utc_now_iso,
 )
 
-logger = logging.getLogger(__name__)
+logger = LazyLogger(__name__)
 
 READ_PARALLELISM = 16
 """Concurrent status reads: object stores answer one request per round trip."""

@@ -32,9 +32,9 @@ Only the standard library is imported here: `import executor` stays cheap.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
+from executor.records import dataclass
 from executor.step_errors import StepDefinitionError  # re-exported: raised by the configs below
 
 _RAY_GPU_TYPES = (

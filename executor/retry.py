@@ -37,8 +37,9 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
+
+from executor.records import dataclass
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from executor.records import dataclass
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from executor.records import dataclass
 from executor.step_errors import StepDefinitionError
 
 if TYPE_CHECKING:

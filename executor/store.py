@@ -44,18 +44,19 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
-import logging
 import os
 import stat
 import threading
-from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
+
+from executor.lazy_logging import LazyLogger
+from executor.records import dataclass
 
 if TYPE_CHECKING:
     import fsspec
 
-logger = logging.getLogger(__name__)
+logger = LazyLogger(__name__)
 
 
 class StoreError(OSError):

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import enum
 import json
-import logging
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from executor.fingerprint import dumps_sorted, encode
 from executor.graph import ResolvedStep, StepGraph, join_path
-from executor.records import record
+from executor.lazy_logging import LazyLogger
+from executor.records import dataclass, record
 from executor.store import (
     LOCAL_READ_FLAGS,
     NotRegularFileError,
@@ -40,7 +40,7 @@ from executor.store import (
 )
 from executor.template import encode_template
 
-logger = logging.getLogger(__name__)
+logger = LazyLogger(__name__)
 
 INFO_FILE = ".executor_info"
 STATUS_FILE = ".executor_status"

@@ -44,8 +44,9 @@ reads it).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from executor.records import dataclass
 
 if TYPE_CHECKING:
     from executor.graph import ResolvedStep

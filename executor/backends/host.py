@@ -40,11 +40,11 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import IO, Any
 
 from executor.backends import child_env
 from executor.lease import new_worker_id
+from executor.records import dataclass
 from executor.tree import LeaseRecord, Status, append_status, lease_path
 
 
