@@ -499,8 +499,39 @@ def _make_17(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
 
 
-# executor.steps.OutputName
+# executor.backends.host.HostedStep
 def _make_18(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+    _set = object.__setattr__
+    def __init__(self, name, prefix, output_path, lease_bytes, driver_worker, heartbeat_interval, version_hash, config_digest):
+        _set(self, 'name', name)
+        _set(self, 'prefix', prefix)
+        _set(self, 'output_path', output_path)
+        _set(self, 'lease_bytes', lease_bytes)
+        _set(self, 'driver_worker', driver_worker)
+        _set(self, 'heartbeat_interval', heartbeat_interval)
+        _set(self, 'version_hash', version_hash)
+        _set(self, 'config_digest', config_digest)
+    def __repr__(self):
+        return f"{self.__class__.__qualname__}(name={self.name!r}, prefix={self.prefix!r}, output_path={self.output_path!r}, lease_bytes={self.lease_bytes!r}, driver_worker={self.driver_worker!r}, heartbeat_interval={self.heartbeat_interval!r}, version_hash={self.version_hash!r}, config_digest={self.config_digest!r})"
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return (self.name,self.prefix,self.output_path,self.lease_bytes,self.driver_worker,self.heartbeat_interval,self.version_hash,self.config_digest,) == (other.name,other.prefix,other.output_path,other.lease_bytes,other.driver_worker,other.heartbeat_interval,other.version_hash,other.config_digest,)
+        return NotImplemented
+    def __hash__(self):
+        return hash((self.name,self.prefix,self.output_path,self.lease_bytes,self.driver_worker,self.heartbeat_interval,self.version_hash,self.config_digest,))
+    def __setattr__(self, name, value):
+        if type(self) is cls or name in ('name', 'prefix', 'output_path', 'lease_bytes', 'driver_worker', 'heartbeat_interval', 'version_hash', 'config_digest'):
+            raise FrozenInstanceError(f"cannot assign to field {name!r}")
+        super(cls, self).__setattr__(name, value)
+    def __delattr__(self, name):
+        if type(self) is cls or name in ('name', 'prefix', 'output_path', 'lease_bytes', 'driver_worker', 'heartbeat_interval', 'version_hash', 'config_digest'):
+            raise FrozenInstanceError(f"cannot delete field {name!r}")
+        super(cls, self).__delattr__(name)
+    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
+
+
+# executor.steps.OutputName
+def _make_19(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     def __init__(self, name):
         _set(self, 'name', name)
@@ -524,7 +555,7 @@ def _make_18(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.store.FileInfo
-def _make_19(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_20(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     def __init__(self, path, name, is_dir, size, mtime):
         _set(self, 'path', path)
@@ -552,7 +583,7 @@ def _make_19(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.mirror.MirrorResult
-def _make_20(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_21(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     def __init__(self, path, source, files_copied, bytes_copied):
         _set(self, 'path', path)
@@ -579,7 +610,7 @@ def _make_20(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.graph.StepGraph
-def _make_21(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_22(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     def __init__(self, prefix, steps, by_declaration, declarations):
         _set(self, 'prefix', prefix)
@@ -606,7 +637,7 @@ def _make_21(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.main.ExecutorMainConfig
-def _make_22(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_23(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_prefix = defaults['prefix']
     _d_executor_info_base_path = defaults['executor_info_base_path']
@@ -653,7 +684,7 @@ def _make_22(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.plan.Plan
-def _make_23(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_24(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     def __init__(self, rows, graph):
         _set(self, 'rows', rows)
@@ -678,7 +709,7 @@ def _make_23(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.plan.PlannedStep
-def _make_24(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_25(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_status = defaults['status']
     _d_lease = defaults['lease']
@@ -716,7 +747,7 @@ def _make_24(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.steps.InputName
-def _make_25(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_26(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_block_on_step = defaults['block_on_step']
     def __init__(self, step, name, block_on_step=_d_block_on_step):
@@ -743,7 +774,7 @@ def _make_25(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.events.RunFinished
-def _make_26(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_27(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _f_time = factories['time']
     def __init__(self, succeeded, skipped, failed, duration, *, time=HAS_FACTORY):
@@ -772,7 +803,7 @@ def _make_26(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.steps.MirroredValue
-def _make_27(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_28(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_budget_gb = defaults['budget_gb']
     def __init__(self, value, budget_gb=_d_budget_gb):
@@ -798,7 +829,7 @@ def _make_27(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.steps.VersionedValue
-def _make_28(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_29(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     def __init__(self, value):
         _set(self, 'value', value)
@@ -822,7 +853,7 @@ def _make_28(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.tree.LeaseRecord
-def _make_29(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_30(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_acquired = defaults['acquired']
     def __init__(self, worker, heartbeat, acquired=_d_acquired):
@@ -849,7 +880,7 @@ def _make_29(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.resources.CpuConfig
-def _make_30(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_31(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     def __init__(self):
         pass
@@ -873,7 +904,7 @@ def _make_30(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.resources.ResourceConfig
-def _make_31(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_32(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_cpu = defaults['cpu']
     _d_ram = defaults['ram']
@@ -913,7 +944,7 @@ def _make_31(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.lease.LeaseConfig
-def _make_32(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_33(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_heartbeat_interval = defaults['heartbeat_interval']
     _d_timeout = defaults['timeout']
@@ -945,7 +976,7 @@ def _make_32(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.resources.TpuConfig
-def _make_33(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_34(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_topology = defaults['topology']
     def __init__(self, variant, topology=_d_topology):
@@ -972,7 +1003,7 @@ def _make_33(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
 
 
 # executor.resources.GpuConfig
-def _make_34(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
+def _make_35(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _set = object.__setattr__
     _d_variant = defaults['variant']
     _d_count = defaults['count']
@@ -1018,21 +1049,22 @@ FACTORIES = {
     (True, True, False, (('name', True, True, True, None, False, ''), ('output_path', True, True, True, None, False, ''), ('time', True, True, True, None, True, 'f'), ('kind', True, True, True, None, False, ''), ('error', True, True, True, None, False, ''), ('log_path', True, True, True, None, False, 'd'))): _make_15,
     (True, True, False, (('name', True, True, True, None, False, ''), ('output_path', True, True, True, None, False, ''), ('time', True, True, True, None, True, 'f'), ('log_path', True, True, True, None, False, ''))): _make_16,
     (True, True, False, (('name', True, True, True, None, False, ''), ('output_path', True, True, True, None, False, ''), ('time', True, True, True, None, True, 'f'), ('reason', True, True, True, None, False, ''))): _make_17,
-    (True, True, False, (('name', True, True, True, None, False, ''),)): _make_18,
-    (True, True, False, (('path', True, True, True, None, False, ''), ('name', True, True, True, None, False, ''), ('is_dir', True, True, True, None, False, ''), ('size', True, True, True, None, False, ''), ('mtime', True, True, True, None, False, ''))): _make_19,
-    (True, True, False, (('path', True, True, True, None, False, ''), ('source', True, True, True, None, False, ''), ('files_copied', True, True, True, None, False, ''), ('bytes_copied', True, True, True, None, False, ''))): _make_20,
-    (True, True, False, (('prefix', True, True, True, None, False, ''), ('steps', True, True, True, None, False, ''), ('by_declaration', True, False, True, None, False, ''), ('declarations', True, False, True, None, False, ''))): _make_21,
-    (True, True, False, (('prefix', True, True, True, None, False, 'd'), ('executor_info_base_path', True, True, True, None, False, 'd'), ('dry_run', True, True, True, None, False, 'd'), ('force_run_failed', True, True, True, None, False, 'd'), ('run_only', True, True, True, None, False, 'd'), ('max_concurrent', True, True, True, None, False, 'd'), ('lease_timeout', True, True, True, None, False, 'd'), ('lease_heartbeat', True, True, True, None, False, 'd'), ('lease_poll', True, True, True, None, False, 'd'), ('backend', True, True, True, None, False, 'd'), ('ray_address', True, True, True, None, False, 'd'), ('max_retries', True, True, True, None, False, 'd'))): _make_22,
-    (True, True, False, (('rows', True, True, True, None, False, ''), ('graph', True, False, True, None, False, ''))): _make_23,
-    (True, True, False, (('step', True, True, True, None, False, ''), ('action', True, True, True, None, False, ''), ('reason', True, True, True, None, False, ''), ('status', True, True, True, None, False, 'd'), ('lease', True, True, True, None, False, 'd'), ('why_new', True, True, True, None, False, 'd'), ('previous_output', True, True, True, None, False, 'd'), ('unversioned_changes', True, True, True, None, False, 'd'), ('status_error', True, True, True, None, False, 'd'))): _make_24,
-    (True, True, False, (('step', True, True, True, None, False, ''), ('name', True, True, True, None, False, ''), ('block_on_step', True, True, True, None, False, 'd'))): _make_25,
-    (True, True, False, (('succeeded', True, True, True, None, False, ''), ('skipped', True, True, True, None, False, ''), ('failed', True, True, True, None, False, ''), ('duration', True, True, True, None, False, ''), ('time', True, True, True, None, True, 'f'))): _make_26,
-    (True, True, False, (('value', True, True, True, None, False, ''), ('budget_gb', True, True, True, None, False, 'd'))): _make_27,
-    (True, True, False, (('value', True, True, True, None, False, ''),)): _make_28,
-    (True, True, False, (('worker', True, True, True, None, False, ''), ('heartbeat', True, True, True, None, False, ''), ('acquired', True, True, True, None, False, 'd'))): _make_29,
-    (True, True, False, ()): _make_30,
-    (True, True, True, (('cpu', True, True, True, None, False, 'd'), ('ram', True, True, True, None, False, 'd'), ('disk', True, True, True, None, False, 'd'), ('device', True, True, True, None, False, 'd'), ('preemptible', True, True, True, None, False, 'd'), ('regions', True, True, True, None, False, 'd'), ('replicas', True, True, True, None, False, 'd'), ('device_alternatives', True, True, True, None, False, 'd'))): _make_31,
-    (True, True, True, (('heartbeat_interval', True, True, True, None, True, 'd'), ('timeout', True, True, True, None, True, 'd'), ('poll_interval', True, True, True, None, True, 'd'), ('heartbeat_process', True, True, True, None, True, 'd'))): _make_32,
-    (True, True, True, (('variant', True, True, True, None, False, ''), ('topology', True, True, True, None, False, 'd'))): _make_33,
-    (True, True, True, (('variant', True, True, True, None, False, 'd'), ('count', True, True, True, None, False, 'd'))): _make_34,
+    (True, True, False, (('name', True, True, True, None, False, ''), ('prefix', True, True, True, None, False, ''), ('output_path', True, True, True, None, False, ''), ('lease_bytes', True, True, True, None, False, ''), ('driver_worker', True, True, True, None, False, ''), ('heartbeat_interval', True, True, True, None, False, ''), ('version_hash', True, True, True, None, False, ''), ('config_digest', True, True, True, None, False, ''))): _make_18,
+    (True, True, False, (('name', True, True, True, None, False, ''),)): _make_19,
+    (True, True, False, (('path', True, True, True, None, False, ''), ('name', True, True, True, None, False, ''), ('is_dir', True, True, True, None, False, ''), ('size', True, True, True, None, False, ''), ('mtime', True, True, True, None, False, ''))): _make_20,
+    (True, True, False, (('path', True, True, True, None, False, ''), ('source', True, True, True, None, False, ''), ('files_copied', True, True, True, None, False, ''), ('bytes_copied', True, True, True, None, False, ''))): _make_21,
+    (True, True, False, (('prefix', True, True, True, None, False, ''), ('steps', True, True, True, None, False, ''), ('by_declaration', True, False, True, None, False, ''), ('declarations', True, False, True, None, False, ''))): _make_22,
+    (True, True, False, (('prefix', True, True, True, None, False, 'd'), ('executor_info_base_path', True, True, True, None, False, 'd'), ('dry_run', True, True, True, None, False, 'd'), ('force_run_failed', True, True, True, None, False, 'd'), ('run_only', True, True, True, None, False, 'd'), ('max_concurrent', True, True, True, None, False, 'd'), ('lease_timeout', True, True, True, None, False, 'd'), ('lease_heartbeat', True, True, True, None, False, 'd'), ('lease_poll', True, True, True, None, False, 'd'), ('backend', True, True, True, None, False, 'd'), ('ray_address', True, True, True, None, False, 'd'), ('max_retries', True, True, True, None, False, 'd'))): _make_23,
+    (True, True, False, (('rows', True, True, True, None, False, ''), ('graph', True, False, True, None, False, ''))): _make_24,
+    (True, True, False, (('step', True, True, True, None, False, ''), ('action', True, True, True, None, False, ''), ('reason', True, True, True, None, False, ''), ('status', True, True, True, None, False, 'd'), ('lease', True, True, True, None, False, 'd'), ('why_new', True, True, True, None, False, 'd'), ('previous_output', True, True, True, None, False, 'd'), ('unversioned_changes', True, True, True, None, False, 'd'), ('status_error', True, True, True, None, False, 'd'))): _make_25,
+    (True, True, False, (('step', True, True, True, None, False, ''), ('name', True, True, True, None, False, ''), ('block_on_step', True, True, True, None, False, 'd'))): _make_26,
+    (True, True, False, (('succeeded', True, True, True, None, False, ''), ('skipped', True, True, True, None, False, ''), ('failed', True, True, True, None, False, ''), ('duration', True, True, True, None, False, ''), ('time', True, True, True, None, True, 'f'))): _make_27,
+    (True, True, False, (('value', True, True, True, None, False, ''), ('budget_gb', True, True, True, None, False, 'd'))): _make_28,
+    (True, True, False, (('value', True, True, True, None, False, ''),)): _make_29,
+    (True, True, False, (('worker', True, True, True, None, False, ''), ('heartbeat', True, True, True, None, False, ''), ('acquired', True, True, True, None, False, 'd'))): _make_30,
+    (True, True, False, ()): _make_31,
+    (True, True, True, (('cpu', True, True, True, None, False, 'd'), ('ram', True, True, True, None, False, 'd'), ('disk', True, True, True, None, False, 'd'), ('device', True, True, True, None, False, 'd'), ('preemptible', True, True, True, None, False, 'd'), ('regions', True, True, True, None, False, 'd'), ('replicas', True, True, True, None, False, 'd'), ('device_alternatives', True, True, True, None, False, 'd'))): _make_32,
+    (True, True, True, (('heartbeat_interval', True, True, True, None, True, 'd'), ('timeout', True, True, True, None, True, 'd'), ('poll_interval', True, True, True, None, True, 'd'), ('heartbeat_process', True, True, True, None, True, 'd'))): _make_33,
+    (True, True, True, (('variant', True, True, True, None, False, ''), ('topology', True, True, True, None, False, 'd'))): _make_34,
+    (True, True, True, (('variant', True, True, True, None, False, 'd'), ('count', True, True, True, None, False, 'd'))): _make_35,
 }

@@ -7,7 +7,6 @@ import os
 import sys
 import threading
 from collections.abc import Collection
-from typing import TextIO
 
 from executor.events import (
     RunFinished,
@@ -19,6 +18,10 @@ from executor.events import (
 )
 from executor.terminal import one_line
 from executor.tree import utc_now_iso
+
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
+if TYPE_CHECKING:
+    from typing import TextIO
 
 
 def write_or_drop(stream: TextIO | None, text: str) -> bool:

@@ -14,7 +14,10 @@ step (`apply_pending_config`: step functions log through `logging` directly).
 from __future__ import annotations
 
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 _pending: dict[str, Any] | None = None
 """`logging.basicConfig` keywords waiting for `logging` to be needed (None: nothing waits)."""

@@ -50,7 +50,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import ClassVar
 
 from executor.lazy_logging import LazyLogger
 from executor.records import dataclass
@@ -79,7 +78,8 @@ class LeaseConfig:
     a thread of the driver, which a step holding the GIL can starve, and which can only mark
     such a step lost, not stop it (tests that stage a takeover inside their own process)."""
 
-    ENV_VARS: ClassVar[dict[str, str]] = {
+    # (Not annotated: a class variable, not a field, without `typing.ClassVar` -- and `typing`.)
+    ENV_VARS = {
         "timeout": "MARIN_LEASE_TIMEOUT",
         "heartbeat_interval": "MARIN_LEASE_HEARTBEAT",
         "poll_interval": "MARIN_LEASE_POLL",

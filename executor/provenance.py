@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
 
 from executor.fingerprint import canonical_json, sha256_hex
 from executor.graph import HASH_LENGTH, StepGraph, join_path
 from executor.store import Store
 from executor.tree import split_config_types, utc_now_iso
+
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def caller_script() -> str | None:

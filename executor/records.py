@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 from _thread import get_ident
-from typing import Any, TypeVar
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 _new = object.__new__
 
@@ -275,30 +278,36 @@ def factory_source(shape: Shape, name: str) -> str:
 
 
 GENERATED_MODULES = (
-    "executor",
-    "executor.main",
-    "executor.resources",
-    "executor.runner",
+    "executor.backends",
+    "executor.backends.host",
     "executor.diffing",
+    "executor.events",
+    "executor.graph",
+    "executor.lease",
+    "executor.main",
     "executor.mirror",
+    "executor.outcomes",
+    "executor.plan",
+    "executor.resources",
     "executor.retry",
     "executor.run_records",
-    "executor.lease_keeper",
-    "executor.logs",
+    "executor.steps",
+    "executor.store",
+    "executor.tree",
 )
-"""Modules whose classes `python -m executor.generate_records` makes factories for."""
+"""The modules whose classes `python -m executor.generate_records` makes factories for: every
+module that uses this `dataclass` (a class elsewhere gets its methods compiled at import)."""
 
 
 def generated_module_text() -> str:
     """The text of `executor/_record_methods.py` for every shape the modules above define."""
-    # (A module outside GENERATED_MODULES may define classes too: theirs are compiled at import.)
     import importlib
 
     for module in GENERATED_MODULES:
         importlib.import_module(module)
     first: dict[Shape, str] = {}
-    for cls, shape in made.items():
-        if cls.__module__.partition(".")[0] == "executor":
+    for cls, shape in made.items():  # (only these modules: the text must not depend on what else ran)
+        if cls.__module__ in GENERATED_MODULES:
             first.setdefault(shape, f"{cls.__module__}.{cls.__qualname__}")
     shapes = sorted(first, key=repr)
     parts = [

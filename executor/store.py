@@ -48,11 +48,11 @@ import os
 import stat
 import threading
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from executor.lazy_logging import LazyLogger
 from executor.records import dataclass
 
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
 if TYPE_CHECKING:
     import fsspec
 

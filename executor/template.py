@@ -56,11 +56,14 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePath
 from types import FunctionType, ModuleType
-from typing import Any
 
 from executor.fingerprint import canonical_json
 from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue, mirrored
 from executor.store import is_within
+
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class TemplateError(ValueError):

@@ -12,7 +12,10 @@ cells, which are one line each, go through `one_line`, which escapes line breaks
 from __future__ import annotations
 
 import re
-from typing import TextIO
+
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
+if TYPE_CHECKING:
+    from typing import TextIO
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 """C0 controls but tab and newline, DEL, C1 controls (0x9b is a one-byte CSI on some

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from executor.fingerprint import MAX_DEPTH, short_path
 from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue
 
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
+if TYPE_CHECKING:
+    from typing import Any
+
 MARKER_TYPES = (InputName, ExecutorStep, OutputName, VersionedValue, MirroredValue)
 
-MarkerCallback = Callable[[Any, str, int], Any]
+MarkerCallback = Callable[[object, str, int], object]
 """`(marker, field_path, depth) -> replacement`; `depth` counts the containers around the marker."""
 
 

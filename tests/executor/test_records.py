@@ -261,6 +261,19 @@ def _executor_classes() -> list[type]:
     return [cls for cls in records.made if cls.__module__.split(".")[0] == "executor"]
 
 
+def test_every_module_using_the_cheap_dataclass_is_listed_for_the_generator():
+    import pathlib
+
+    root = pathlib.Path(records.__file__).parent
+    using = set()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        if "\n@dataclass" in text and "from executor.records import" in text:
+            module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+            using.add(module.removesuffix(".__init__"))
+    assert using == set(records.GENERATED_MODULES)
+
+
 def test_the_generated_methods_file_is_current():
     with open(records.generated_module_path()) as handle:
         on_disk = handle.read()
