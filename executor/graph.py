@@ -485,7 +485,7 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
     by_path: dict[str, ResolvedStep] = {}
     unique: list[ResolvedStep] = []
     for step in declarations:
-        builder = _VersionBuilder(step=step, prefix=prefix, resolved=resolved)
+        builder = _VersionBuilder(step, prefix, resolved)
         for marker, path, depth in markers[id(step)]:
             builder.add(marker, path, depth)
         version = {"name": step.name, "config": builder.config_version, "dependencies": builder.dep_hashes}
@@ -521,16 +521,17 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
                     default_path,
                 )
         builder.output_path = output_path
-        candidate = ResolvedStep(
-            step=step,
-            name=step.name,
-            version=version,
-            version_hash=version_hash,
-            output_path=output_path,
-            config=_concrete_config(step, builder) if markers[id(step)] else step.config,
-            blocking_deps=tuple(p for p in builder.dep_paths if builder.blocking[p]),
-            nonblocking_deps=tuple(p for p in builder.dep_paths if not builder.blocking[p]),
-            mirrors=tuple(builder.mirrors),
+        blocking = builder.blocking
+        candidate = ResolvedStep(  # (positional: this runs for every step of every run)
+            step,
+            step.name,
+            version,
+            version_hash,
+            output_path,
+            _concrete_config(step, builder) if markers[id(step)] else step.config,
+            tuple([p for p in builder.dep_paths if blocking[p]]),
+            tuple([p for p in builder.dep_paths if not blocking[p]]),
+            tuple(builder.mirrors),
         )
         existing = by_path.get(output_path)
         if existing is not None:
@@ -586,6 +587,7 @@ def _check_output_dirs(steps: Sequence[ResolvedStep], prefix: str) -> None:
     """No step writes inside another step's output, or inside `<prefix>/experiments/`."""
     by_path = {step.output_path: step for step in steps}
     reserved = [join_path(prefix, part) for part in RESERVED_FIRST_PARTS]
+    shortest = min(map(len, by_path), default=0)
     for step in steps:
         path = step.output_path
         for directory in reserved:
@@ -594,7 +596,7 @@ def _check_output_dirs(steps: Sequence[ResolvedStep], prefix: str) -> None:
                     f"step {step.name!r} writes to {path}, which collides with {directory}/ where the "
                     "experiment manifests go; change its override_output_path"
                 )
-        outer = enclosing_output(by_path, path.rpartition("/")[0])
+        outer = enclosing_output(by_path, path.rpartition("/")[0], shortest)
         if outer is not None:
             raise StepDefinitionError(
                 f"step {step.name!r} writes to {path}, inside the output of step {outer.name!r} "
@@ -603,10 +605,13 @@ def _check_output_dirs(steps: Sequence[ResolvedStep], prefix: str) -> None:
             )
 
 
-def enclosing_output(by_path: Mapping[str, ResolvedStep], path: str) -> ResolvedStep | None:
-    """The step whose output directory is `path` or a directory above it (None if none is)."""
+def enclosing_output(
+    by_path: Mapping[str, ResolvedStep], path: str, shortest: int = 1
+) -> ResolvedStep | None:
+    """The step whose output directory is `path` or a directory above it (None if none is).
+    `shortest`: no output path in `by_path` is shorter (the walk up stops there)."""
     cut = len(path)
-    while cut > 0:
+    while cut >= shortest and cut > 0:
         step = by_path.get(path[:cut])
         if step is not None:
             return step

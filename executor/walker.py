@@ -62,14 +62,21 @@ def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int 
     fields = _FIELDS.get(kind)
     if fields is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         fields = _FIELDS[kind] = tuple((field.name, field.init) for field in dataclasses.fields(kind))
-    # Below, exact str/int/float/bool/None children are skipped without a call: most are.
+        _PLAIN[kind] = len(fields) == len(kind.__dataclass_fields__)
+    # Below, exact str/int/float/bool/None children are skipped without a call (most are), and
+    # a child of an exact marker type goes to `on_marker` without a call of this function.
     if fields is not None:
         changes = {}
         for name, init in fields:
             old = getattr(obj, name)
-            if type(old) in _LEAVES:
+            child_kind = type(old)
+            if child_kind in _LEAVES:
                 continue
-            new = map_markers(old, on_marker, f"{path}.{name}" if path else name, depth)
+            child = f"{path}.{name}" if path else name
+            if child_kind in _EXACT_MARKERS:
+                new = on_marker(old, child, depth)
+            else:
+                new = map_markers(old, on_marker, child, depth)
             if new is not old:
                 if not init:
                     raise ValueError(
@@ -77,7 +84,9 @@ def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int 
                         f"{type(old).__name__}; placeholders can only be used in init fields"
                     )
                 changes[name] = new
-        return dataclasses.replace(obj, **changes) if changes else obj
+        if not changes:
+            return obj
+        return _replace(obj, kind, fields, changes)
     if isinstance(obj, (list, tuple)):
         items = None
         for index, item in enumerate(obj):
@@ -117,6 +126,21 @@ _LEAVES = frozenset({str, int, float, bool, type(None)})
 
 _FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
 """(name, init) of every field of each dataclass type walked so far."""
+
+_PLAIN: dict[type, bool] = {}
+"""Per dataclass type walked: whether it has no pseudo-fields (ClassVar, InitVar)."""
+
+_EXACT_MARKERS = frozenset(MARKER_TYPES)
+
+
+def _replace(obj: Any, kind: type, fields: tuple[tuple[str, bool], ...], changes: dict[str, Any]) -> Any:
+    """`dataclasses.replace(obj, **changes)`; for a class without InitVar or ClassVar
+    pseudo-fields, the same call of its constructor without `replace`'s per-field checks
+    (`changes` holds only init fields: the walk refuses a marker in an init=False field)."""
+    if not _PLAIN[kind]:
+        return dataclasses.replace(obj, **changes)
+    values = {name: changes[name] if name in changes else getattr(obj, name) for name, init in fields if init}
+    return kind(**values)
 
 
 def _unchanged(marker: Any, path: str, depth: int) -> Any:
