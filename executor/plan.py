@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -184,33 +185,39 @@ def _read_status(store: Store, output_path: str, reader=None) -> StepStatus:
         return error
 
 
-def _absent_outputs(store: Store, steps: Sequence[ResolvedStep]) -> frozenset[str]:
-    """Output paths whose directory does not exist, from one listing per parent directory
-    (where the store lists cheaply): such a step has neither status nor lease to read."""
+_UNLISTED = frozenset(["<not listed yet>"])
+
+
+def _read_local_statuses(
+    store: Store, steps: Sequence[ResolvedStep]
+) -> tuple[dict[str, StepStatus], frozenset[str]]:
+    """Each step's status on local disk, and the output paths whose directory does not exist.
+
+    A cold run's steps have no directory yet: one listing of their parent directory spares
+    each of them a status read, and later a lease read, that could only find nothing."""
     listings: dict[str, frozenset[str] | None] = {}
+    statuses: dict[str, StepStatus] = {}
     absent = []
     for step in steps:
-        parent, _, name = step.output_path.rpartition("/")
-        names = listings.get(parent, ())
-        if names == ():
-            names = listings[parent] = store.child_names(parent)
+        path = step.output_path
+        parent, _, name = path.rpartition("/")
+        names = listings.get(parent, _UNLISTED)
+        if names is _UNLISTED:
+            # Listed only when the first step of a parent has no directory: a cached re-run's
+            # parents hold their steps' directories, and one stat spares the listing.
+            exists = os.path.isdir(store.local_path(path))
+            names = listings[parent] = None if exists else store.child_names(parent)
         if names is not None and name not in names:
-            absent.append(step.output_path)
-    return frozenset(absent)
+            statuses[path] = None
+            absent.append(path)
+            continue
+        statuses[path] = _read_status(store, path, read_last_status_local)
+    return statuses, frozenset(absent)
 
 
-def _read_statuses(
-    store: Store, steps: Sequence[ResolvedStep], absent: frozenset[str] = frozenset()
-) -> dict[str, StepStatus]:
-    # Local reads take microseconds: a thread pool costs more than it saves. Remote reads
-    # take a round trip each, so they go in parallel, in batches to keep task overhead low.
-    if store.local_path("/") is not None:
-        return {
-            step.output_path: None
-            if step.output_path in absent
-            else _read_status(store, step.output_path, read_last_status_local)
-            for step in steps
-        }
+def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, StepStatus]:
+    # Remote reads take a round trip each, so they go in parallel, in batches to keep task
+    # overhead low. (Local reads take microseconds: `_read_local_statuses`, no thread pool.)
     if len(steps) <= 1:
         return {step.output_path: _read_status(store, step.output_path) for step in steps}
     from concurrent.futures import ThreadPoolExecutor  # (imported only for object stores)
@@ -291,8 +298,10 @@ def make_plan(
     # A cold run's steps have no directory yet: one listing per parent spares each of them a
     # status read and a lease read that could only find nothing. (A driver that creates one
     # meanwhile is met by the runner, which takes the lease before it writes anything.)
-    absent = _absent_outputs(store, graph.steps) if store.local_path("/") is not None else frozenset()
-    statuses = _read_statuses(store, graph.steps, absent)
+    if store.local_path("/") is not None:
+        statuses, absent = _read_local_statuses(store, graph.steps)
+    else:
+        statuses, absent = _read_statuses(store, graph.steps), frozenset()
     selected = select_steps(graph, roots, patterns, statuses)
     names = {step.output_path: step.name for step in graph.steps}
     siblings = _SiblingFinder(store)

@@ -127,3 +127,14 @@ def test_a_collector_the_caller_disabled_stays_disabled(tmp_path):
         assert _SEEN_IN_STEP == [False, False, False]
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("disabled_before", [False, True])
+def test_import_leaves_the_collector_as_it_found_it(disabled_before):
+    code = (
+        "import gc\n"
+        + ("gc.disable()\n" if disabled_before else "")
+        + "import executor\nprint(gc.isenabled(), gc.get_freeze_count())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [str(not disabled_before), "0"]

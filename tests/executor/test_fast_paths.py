@@ -438,3 +438,25 @@ def test_skip_all_reports_what_the_runner_reports_for_a_cached_plan(tmp_path):
         0,
         0,
     )
+
+
+def test_a_cached_rerun_lists_no_directory_and_a_cold_run_lists_each_parent_once(tmp_path, monkeypatch):
+    listed = []
+    original = LocalStore.child_names
+    monkeypatch.setattr(
+        LocalStore, "child_names", lambda self, path: listed.append(path) or original(self, path)
+    )
+    steps = [
+        ExecutorStep(
+            name=f"{group}/s{i}",
+            fn=write_value,
+            config=WriteConfig(output_path=this_output_path(), value=versioned(i)),
+        )
+        for group in ("a", "b")
+        for i in range(3)
+    ]
+    Executor(str(tmp_path), console=False).run(steps)
+    assert sorted(listed) == [f"{tmp_path}/a", f"{tmp_path}/b"]
+    listed.clear()
+    Executor(str(tmp_path), console=False).run(steps)
+    assert listed == []
