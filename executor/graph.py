@@ -210,14 +210,22 @@ class StepGraph:
         return self.by_declaration[id(step)]
 
 
-def validate_declaration(step: Any) -> None:
-    """Raise StepDefinitionError if `step` cannot be a step at all."""
+def validate_declaration(step: Any, fn_kinds: dict[int, str | None] | None = None) -> None:
+    """Raise StepDefinitionError if `step` cannot be a step at all. `fn_kinds`: what
+    `_not_plain_function` said of each function so far, by id (steps share functions; the
+    caller keeps the functions alive while the dict is in use)."""
     if not isinstance(step, ExecutorStep):
         raise StepDefinitionError(f"expected an ExecutorStep, got {type(step).__name__}: {step!r}")
     # The name was checked when the step was built (ExecutorStep.__post_init__).
-    if not callable(step.fn):
-        raise StepDefinitionError(f"step {step.name!r}: fn must be callable, got {type(step.fn).__name__}")
-    kind = _not_plain_function(step.fn)
+    fn = step.fn
+    if fn_kinds is not None and id(fn) in fn_kinds:
+        kind = fn_kinds[id(fn)]
+    else:
+        if not callable(fn):
+            raise StepDefinitionError(f"step {step.name!r}: fn must be callable, got {type(fn).__name__}")
+        kind = _not_plain_function(fn)
+        if fn_kinds is not None:
+            fn_kinds[id(fn)] = kind
     if kind is not None:
         raise StepDefinitionError(
             f"step {step.name!r}: fn {fn_qualname(step.fn)} is {kind}: calling it would only create "
@@ -338,8 +346,9 @@ def _collect(roots: Iterable[ExecutorStep]) -> tuple[list[ExecutorStep], dict[in
     state: dict[int, int] = {}  # id -> 1 while on the stack, 2 when done
     inputs_cache: dict[int, list[ExecutorStep]] = {}
     markers: dict[int, list[Marker]] = {}
+    fn_kinds: dict[int, str | None] = {}
     for root in roots:
-        validate_declaration(root)
+        validate_declaration(root, fn_kinds)
         if state.get(id(root)) == 2:
             continue
         stack: list[tuple[ExecutorStep, int]] = [(root, 0)]
@@ -361,7 +370,7 @@ def _collect(roots: Iterable[ExecutorStep]) -> tuple[list[ExecutorStep], dict[in
                     start = next(i for i, s in enumerate(path) if s is child)
                     cycle = " -> ".join(s.name for s in [*path[start:], child])
                     raise StepDefinitionError(f"dependency cycle: {cycle}")
-                validate_declaration(child)
+                validate_declaration(child, fn_kinds)
                 state[id(child)] = 1
                 stack.append((child, 0))
                 path.append(child)

@@ -131,9 +131,10 @@ class Plan:
         counts = ", ".join(f"{n} {action}" for action, n in self.counts().items())
         lines = [f"Plan: {len(self.rows)} steps ({counts})"]
         width = max(len(row.name) for row in self.rows)
+        blank = " " * width
         for row in self.rows:
-            lines.append(f"  {row.action.value:<7} {row.name:<{width}}  {row.reason}")
-            lines.append(f"  {'':<7} {'':<{width}}  -> {row.output_path}")
+            lines.append(f"  {row.action.value.ljust(7)} {row.name.ljust(width)}  {row.reason}")
+            lines.append(f"          {blank}  -> {row.output_path}")
             if row.why_new:
                 lines.append(f"  {'':<7} {'':<{width}}  hash differs from {row.previous_output}:")
                 lines.extend(f"  {'':<7} {'':<{width}}    {reason}" for reason in row.why_new)

@@ -347,6 +347,8 @@ class OutputName:
 
 def this_output_path(name: str | None = None) -> OutputName:
     """The step's own output path (or `name` under it), filled in at run time."""
+    if name is None:
+        return THIS_OUTPUT_PATH  # (equal to a new one, and immutable: one object serves every step)
     check_output_sub_path(name)
     return OutputName(name)
 
