@@ -89,16 +89,16 @@ class ConsoleProgress:
             self._handle(event)
 
     def _handle(self, event) -> None:
-        if isinstance(event, StepStarted):
+        if isinstance(event, StepSkipped):  # (first: a cached re-run sends one per step)
+            self._finish(event.output_path)
+            if event.output_path not in self.planned_skips:
+                self._print(f"skip   {event.name}  ({event.reason})")
+        elif isinstance(event, StepStarted):
             self.running.add(event.output_path)
             self._print(f"start  {event.name}  (log: {event.log_path})")
         elif isinstance(event, StepSucceeded):
             self._finish(event.output_path)
             self._print(f"ok     {event.name}  {event.duration:.1f}s")
-        elif isinstance(event, StepSkipped):
-            self._finish(event.output_path)
-            if event.output_path not in self.planned_skips:
-                self._print(f"skip   {event.name}  ({event.reason})")
         elif isinstance(event, StepWaiting):
             self._print(
                 f"wait   {event.name}  held by {one_line(event.holder)}, last heartbeat {utc_now_iso(event.heartbeat)}"

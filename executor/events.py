@@ -94,11 +94,14 @@ def planned_event(row: Any) -> StepPlanned:
     """`StepPlanned(row.name, row.output_path, action=row.action.value, reason=row.reason)` for
     a plan row (`executor.plan.PlannedStep`), made by `record`: one per step of every plan."""
     fields = {"name": row.name, "output_path": row.output_path, "time": time.time()}
-    return record(StepPlanned, {**fields, "action": row.action.value, "reason": row.reason})
+    fields["action"] = row.action.value
+    fields["reason"] = row.reason
+    return record(StepPlanned, fields)
 
 
 def skipped_event(row: Any) -> StepSkipped:
     """`StepSkipped(row.name, row.output_path, reason=row.reason)` for a cached step's plan row,
     made by `record`: one per cached step of every run."""
     fields = {"name": row.name, "output_path": row.output_path, "time": time.time()}
-    return record(StepSkipped, {**fields, "reason": row.reason})
+    fields["reason"] = row.reason
+    return record(StepSkipped, fields)

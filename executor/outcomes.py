@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import field
 
@@ -72,9 +73,10 @@ def skip_cached(
     """Record every SKIP row of a plan as skipped (one `StepSkipped` each); the other rows, by
     output path, are returned: what is left to run."""
     todo = {}
+    outcomes, skip, skipped = summary.outcomes, Action.SKIP, Outcome.SKIPPED
     for row in rows:
-        if row.action == Action.SKIP:
-            summary.outcomes[row.output_path] = Outcome.SKIPPED
+        if row.action == skip:
+            outcomes[row.output_path] = skipped
             emit(skipped_event(row))
         else:
             todo[row.output_path] = row
@@ -84,12 +86,13 @@ def skip_cached(
 def finish(summary: RunSummary, start: float, emit: Callable[[object], None]) -> RunSummary:
     """Set the run's duration and emit `RunFinished` with its counts."""
     summary.duration = time.time() - start
-    ok = [outcome for outcome in summary.outcomes.values() if outcome.ok]
+    counts = Counter(summary.outcomes.values())  # (counted in C: one entry per step)
+    succeeded, skipped = counts[Outcome.SUCCEEDED], counts[Outcome.SKIPPED]
     emit(
         RunFinished(
-            succeeded=sum(outcome == Outcome.SUCCEEDED for outcome in ok),
-            skipped=sum(outcome == Outcome.SKIPPED for outcome in ok),
-            failed=len(summary.outcomes) - len(ok),
+            succeeded=succeeded,
+            skipped=skipped,
+            failed=len(summary.outcomes) - succeeded - skipped,
             duration=summary.duration,
         )
     )
