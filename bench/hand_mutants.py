@@ -1,4 +1,4 @@
-"""Hand-applied mutants of the ninth to twelfth sessions' fixes: each one removes or weakens a
+"""Hand-applied mutants of the ninth to thirteenth sessions' fixes: each one removes or weakens a
 fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
@@ -276,8 +276,8 @@ MUTANTS = [
     ),
     (
         "executor/graph.py",
-        "    kind = _not_plain_function(step.fn)\n",
-        "    kind = None\n",
+        "        kind = _not_plain_function(fn)\n",
+        "        kind = None\n",
         "tests/executor/test_declaration_checks.py",
     ),
     (
@@ -377,6 +377,61 @@ MUTANTS = [
         "    if len(text) > INFO_READ_BY_TOOLS_BYTES:",
         "    if False:",
         "tests/marin/test_untrusted_trees.py -k tools_cannot",
+    ),
+    # Thirteenth session: cheaper cached re-runs (docs/benchmarks.md).
+    (
+        "executor/records.py",
+        "(f[3] if f[4] is None else f[4])",
+        "f[3]",
+        "tests/executor/test_records.py -k 'not generated_methods_file'",
+    ),
+    (
+        "executor/records.py",
+        'params += ["*", *kw_params]',
+        "params += kw_params",
+        "tests/executor/test_records.py -k 'not generated_methods_file'",
+    ),
+    (
+        "executor/records.py",
+        "if saved and any(params.frozen for params in saved) != frozen:",
+        "if False:",
+        "tests/executor/test_records.py -k 'not generated_methods_file'",
+    ),
+    (
+        "executor/lazy_logging.py",
+        "    import logging\n\n    apply_pending_config()\n",
+        "    import logging\n\n",
+        "tests/executor/test_lazy_logging.py",
+    ),
+    (
+        "executor/executor.py",
+        "                    collector.resume()",
+        "                    pass",
+        "tests/executor/test_collector.py",
+    ),
+    (
+        "executor/exit_gc.py",
+        'os.environ.get(GC_AT_EXIT_ENV) == "1"',
+        "False",
+        "tests/executor/test_collector.py",
+    ),
+    (
+        "executor/plan.py",
+        "names = listings[parent] = None if exists else store.child_names(parent)",
+        "names = listings[parent] = store.child_names(parent)",
+        "tests/executor/test_fast_paths.py",
+    ),
+    (
+        "executor/walker.py",
+        "                new = on_marker(old, child, depth)",
+        "                new = on_marker(old, name, depth)",
+        "tests/executor/test_golden_hashes.py tests/executor/test_versioning.py",
+    ),
+    (
+        "executor/graph.py",
+        "    while cut >= shortest and cut > 0:",
+        "    while cut > shortest and cut > 0:",
+        "tests/executor/test_declaration_checks.py tests/executor/test_bad_input.py",
     ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
