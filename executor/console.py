@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
+from _thread import allocate_lock  # (`threading` itself: ~0.4 ms of every start)
 from collections.abc import Collection
 
 from executor.events import (
@@ -69,7 +69,7 @@ class ConsoleProgress:
         self.planned_skips = frozenset(planned_skips)
         self.done: set[str] = set()
         self.running: set[str] = set()
-        self._lock = threading.Lock()  # events arrive from worker threads
+        self._lock = allocate_lock()  # events arrive from worker threads
         self.closed = False
         """Set when the console could not be written (`| head`, a closed terminal): nothing
         more is printed."""

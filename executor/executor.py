@@ -15,7 +15,6 @@ import contextlib
 import gc
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -344,17 +343,18 @@ def sigterm_interrupts():
     action: a handler the program installed itself is its own business and is left alone.
     The previous handler is back when the block ends.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    installed = False
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        try:
+            previous = signal.signal(signal.SIGTERM, _raise_terminated)
+            installed = True
+        except ValueError:  # not the main thread: only it may install handlers
+            pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if installed:
+            signal.signal(signal.SIGTERM, previous)
 
 
 class _CollectorPause:

@@ -47,14 +47,18 @@ import dataclasses
 import math
 import os
 import re
-import threading
 import time
+from _thread import RLock, allocate_lock  # (`threading` loads with the heartbeat thread)
 from collections.abc import Callable, Mapping
 
 from executor.lazy_logging import LazyLogger
 from executor.records import dataclass
 from executor.store import NotRegularFileError, Store
 from executor.tree import LeaseRecord, lease_path
+
+TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
+if TYPE_CHECKING:
+    import threading
 
 logger = LazyLogger(__name__)
 
@@ -239,15 +243,16 @@ class LeaseManager:
         # wall-clock jump must not make an old lease look young.
         self._written: dict[str, float] = {}
         self._lost: set[str] = set()
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         # One lock per lease serialises each read-of-our-bytes + swap: without it the heartbeat
         # thread and a worker refreshing (or releasing) at the same moment would each swap from
         # the same old bytes, and the loser would wrongly conclude the lease was taken over.
         # Per lease, not one for all: 32 workers confirming and releasing their own leases
         # through one lock queued behind each other's file I/O (a third of a cold fan-in run).
-        self._swap_locks: dict[str, threading.RLock] = {}
-        self._stop = threading.Event()
+        self._swap_locks: dict[str, RLock] = {}
+        self._stop: threading.Event | None = None  # made with the heartbeat thread
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     # -- public ---------------------------------------------------------------
     def read(self, output_path: str) -> LeaseRecord | None:
@@ -412,7 +417,11 @@ class LeaseManager:
     def close(self) -> None:
         """Stop heartbeating. Leases still held (a failed or interrupted run) are left to go
         stale, as if this driver had died."""
-        self._stop.set()
+        with self._lock:
+            self._closed = True
+            stop = self._stop
+        if stop is not None:
+            stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.config.heartbeat_interval + 5)
         if self.keeper_prefix is not None:
@@ -461,12 +470,12 @@ class LeaseManager:
         """Our last write (monotonic time) is too recent for anyone to have taken the lease over."""
         return time.monotonic() - written < self.config.heartbeat_interval
 
-    def _swap_lock(self, output_path: str) -> threading.RLock:
+    def _swap_lock(self, output_path: str) -> RLock:
         """The lease's own swap lock (kept for the manager's life: a lock handed out must stay the one)."""
         with self._lock:
             lock = self._swap_locks.get(output_path)
             if lock is None:
-                lock = self._swap_locks[output_path] = threading.RLock()
+                lock = self._swap_locks[output_path] = RLock()
             return lock
 
     def _record(self, now: float) -> bytes:
@@ -485,6 +494,11 @@ class LeaseManager:
     def _ensure_thread(self) -> None:
         with self._lock:
             if self._thread is None:
+                import threading
+
+                self._stop = threading.Event()
+                if self._closed:  # (closed first: the thread ends at once, as it did before)
+                    self._stop.set()
                 self._thread = threading.Thread(
                     target=self._heartbeat_loop, name="lease-heartbeat", daemon=True
                 )

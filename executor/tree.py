@@ -37,7 +37,6 @@ from executor.store import (
     is_within,
     special_file_error,
 )
-from executor.template import encode_template
 
 TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
 if TYPE_CHECKING:
@@ -456,6 +455,8 @@ def step_info_record(
     `config_template` it is what `marin reproduce` needs to declare the step again.
     `dispatch` is where the backend ran it (backend, device chosen, Ray options).
     """
+    from executor.template import encode_template  # (only when a step's record is written)
+
     names = graph.names_by_path
     config, config_types = split_config_types(step.config_record)
     return {

@@ -32,6 +32,7 @@ steps = [ExecutorStep(name=f"s{i}", fn=work, config=Config(versioned(i), this_ou
 executor_main(steps)
 print("logging imported:", "logging" in sys.modules)
 print("typing imported:", "typing" in sys.modules)
+print("threading imported:", "threading" in sys.modules)
 """
 
 
@@ -59,6 +60,7 @@ def test_steps_that_log_are_shown_and_a_cached_rerun_never_imports_logging(tmp_p
     assert "logging imported: False" in cached.stdout
     # Nor `typing` (~2 ms): the executor's annotations are for type checkers only.
     assert "typing imported: False" in cached.stdout
+    assert "threading imported: False" in cached.stdout  # (locks from `_thread`; threads only to run steps)
     assert "INFO" not in cached.stderr
 
 

@@ -599,6 +599,16 @@ def test_close_stops_the_heartbeat(root):
     assert lease_bytes(store, f"{root}/s") == written
 
 
+def test_a_manager_closed_before_its_heartbeat_thread_started_ends_that_thread_at_once(root):
+    """The stop event is made with the thread (`threading` loads only then): a close that came
+    first still stops it."""
+    manager = LeaseManager(open_store(root), FAST, "w1")
+    manager.close()
+    manager._ensure_thread()
+    manager._thread.join(timeout=FAST.heartbeat_interval * 20)
+    assert not manager._thread.is_alive()
+
+
 @pytest.mark.parametrize("field", ["timeout", "heartbeat_interval", "poll_interval"])
 def test_a_timing_below_a_millisecond_is_refused(field):
     """1e-300 s between heartbeats was accepted: a busy loop, not a setting."""
