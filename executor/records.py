@@ -31,6 +31,7 @@ no `__post_init__`; tests/executor/test_cold_and_warm_trims.py checks both for e
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from _thread import get_ident
 
 TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
@@ -61,8 +62,9 @@ compiled_at_import: list[str] = []
 """`module.qualname` of each class whose shape had no factory in `executor._record_methods`
 (its methods were compiled at import; `python -m executor.generate_records` adds the shape)."""
 
-made: dict[type, Shape] = {}
-"""Every class made by `dataclass`, with its shape, in the order they were defined."""
+made: weakref.WeakKeyDictionary[type, Shape] = weakref.WeakKeyDictionary()
+"""Every class made by `dataclass` and still alive, with its shape, in the order they were
+defined (weak: a class made at run time, e.g. in a test, can still be freed)."""
 
 
 def dataclass(cls: type | None = None, /, *, frozen: bool = False, eq: bool = True, kw_only: bool = False):
@@ -194,7 +196,7 @@ def _recursive_repr(method):
 def _factory(shape: Shape, where: str):
     try:
         from executor._record_methods import FACTORIES
-    except ImportError:  # (while the generator writes it)
+    except ImportError:  # (a checkout without the generated file: every shape compiled here)
         FACTORIES = {}
     factory = FACTORIES.get(shape)
     if factory is None:
