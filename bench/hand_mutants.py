@@ -410,7 +410,7 @@ MUTANTS = [
         "tests/executor/test_collector.py",
     ),
     (
-        "executor/exit_gc.py",
+        "executor/collector.py",
         'os.environ.get(GC_AT_EXIT_ENV) == "1"',
         "False",
         "tests/executor/test_collector.py",

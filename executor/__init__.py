@@ -13,14 +13,11 @@ only steps that ask for resources need them). See `executor.graph` for what a ve
 how paths are chosen.
 """
 
-import gc as _gc
+from executor.collector import CollectorPause as _CollectorPause
 
-# The import makes ~5,000 objects that live as long as the process: the cyclic collector,
-# run every 700 allocations meanwhile, would walk them again and again for nothing (~1 ms of
-# every start). Paused for the import, unless the caller had disabled it.
-_collecting = _gc.isenabled()
-_gc.disable()
-try:
+# The import makes ~5,000 objects that live as long as the process: no collection over them
+# meanwhile (~1 ms of every start; see executor.collector).
+with _CollectorPause():
     import executor.step_errors  # noqa: F401 - installs the one-line report of declaration errors
     from executor.executor import Executor
     from executor.graph import HASH_LENGTH, StepDefinitionError
@@ -42,10 +39,6 @@ try:
         versioned,
     )
     from executor.store import StoreError
-finally:
-    if _collecting:
-        _gc.enable()
-    del _collecting
 
 __all__ = [
     "HASH_LENGTH",

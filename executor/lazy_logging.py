@@ -2,8 +2,9 @@
 
 `import logging` costs a fresh process about 4 ms (it brings `traceback`, `string`,
 `weakref` and `threading`), a tenth of a fully cached re-run of a 1,000-step experiment,
-which logs nothing. The executor's modules therefore hold a `LazyLogger`: the same calls as
-`logging.getLogger(name)`, which it becomes at the first attribute used.
+which logs nothing. The executor's modules therefore hold a `LazyLogger`: it takes the same
+calls as `logging.getLogger(name)` and passes each to that logger, importing `logging` at the
+first.
 
 `executor_main` shows INFO messages with a timestamped format when the script has not set
 up logging itself (`configure_when_used`). With `logging` not yet imported, that set-up

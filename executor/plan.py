@@ -186,9 +186,6 @@ def _read_status(store: Store, output_path: str, reader=None) -> StepStatus:
         return error
 
 
-_UNLISTED = frozenset(["<not listed yet>"])
-
-
 def _read_local_statuses(
     store: Store, steps: Sequence[ResolvedStep]
 ) -> tuple[dict[str, StepStatus], frozenset[str]]:
@@ -202,12 +199,12 @@ def _read_local_statuses(
     for step in steps:
         path = step.output_path
         parent, _, name = path.rpartition("/")
-        names = listings.get(parent, _UNLISTED)
-        if names is _UNLISTED:
+        if parent not in listings:
             # Listed only when the first step of a parent has no directory: a cached re-run's
             # parents hold their steps' directories, and one stat spares the listing.
             exists = os.path.isdir(store.local_path(path))
-            names = listings[parent] = None if exists else store.child_names(parent)
+            listings[parent] = None if exists else store.child_names(parent)
+        names = listings[parent]
         if names is not None and name not in names:
             statuses[path] = None
             absent.append(path)
@@ -296,9 +293,8 @@ def make_plan(
     force_run_failed: bool = True,
 ) -> Plan:
     patterns = compile_run_only(run_only)
-    # A cold run's steps have no directory yet: one listing per parent spares each of them a
-    # status read and a lease read that could only find nothing. (A driver that creates one
-    # meanwhile is met by the runner, which takes the lease before it writes anything.)
+    # (`absent`: see `_read_local_statuses`. A driver that creates such a directory meanwhile is
+    # met by the runner, which takes the lease before it writes anything.)
     if store.local_path("/") is not None:
         statuses, absent = _read_local_statuses(store, graph.steps)
     else:

@@ -1,5 +1,5 @@
 """The executor and the cyclic garbage collector: paused while a run plans and reports (not
-while steps run), and its pass over every live object at exit skipped (executor.exit_gc)
+while steps run), and its pass over every live object at exit skipped (executor.collector)
 unless $MARIN_GC_AT_EXIT=1."""
 
 from __future__ import annotations
