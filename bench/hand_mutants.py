@@ -417,8 +417,8 @@ MUTANTS = [
     ),
     (
         "executor/plan.py",
-        "names = listings[parent] = None if exists else store.child_names(parent)",
-        "names = listings[parent] = store.child_names(parent)",
+        "listings[parent] = None if exists else store.child_names(parent)",
+        "listings[parent] = store.child_names(parent)",
         "tests/executor/test_fast_paths.py",
     ),
     (
