@@ -42,6 +42,7 @@ from executor.store import NotRegularFileError, Store
 from executor.terminal import one_line
 from executor.tree import (
     LeaseRecord,
+    OurSuccessLine,
     Status,
     StatusEvent,
     StatusFileError,
@@ -70,8 +71,12 @@ class Action(enum.StrEnum):
 
 _WILL_RUN = (Action.RUN, Action.WAIT, Action.BLOCKED)
 
-StepStatus = StatusEvent | StatusFileError | None
-"""What planning knows of a step's status: the last event, why it is unreadable, or none."""
+CACHED_ROWS_LISTED = 20
+"""Cached steps `Plan.format` lists one by one; beyond this many, one line sums them up."""
+
+StepStatus = StatusEvent | OurSuccessLine | StatusFileError | None
+"""What planning knows of a step's status: the last event (or our SUCCESS line, matched but
+not yet made an event), why it is unreadable, or none."""
 
 
 class RunOnlyError(ValueError):
@@ -124,15 +129,30 @@ class Plan:
             out[row.action.value] = out.get(row.action.value, 0) + 1
         return out
 
-    def format(self) -> str:
-        """The plan as a table, with the hash-change explanations and warnings under their rows."""
+    def format(self, cached_listed: int | None = CACHED_ROWS_LISTED) -> str:
+        """The plan as a table, with the hash-change explanations and warnings under their rows.
+
+        Steps skipped because they already succeeded, with nothing to say about them (no
+        unversioned change), are listed one by one only up to `cached_listed` of them (None:
+        all); more are summed up on one line where the first of them would be: a re-run of a
+        1,000-step experiment shows what runs, not 2,000 lines of what does not."""
         if not self.rows:
             return "Plan: nothing selected."
         counts = ", ".join(f"{n} {action}" for action, n in self.counts().items())
         lines = [f"Plan: {len(self.rows)} steps ({counts})"]
-        width = max(len(row.name) for row in self.rows)
+        quiet = [row for row in self.rows if _quietly_cached(row)]
+        collapsed = quiet if cached_listed is not None and len(quiet) > cached_listed else []
+        hidden = {id(row) for row in collapsed}
+        width = max((len(row.name) for row in self.rows if id(row) not in hidden), default=0)
         blank = " " * width
         for row in self.rows:
+            if id(row) in hidden:
+                if row is collapsed[0]:
+                    lines.append(
+                        f"  {'skip':<7} {len(collapsed)} steps already succeeded, not listed ({collapsed[0].name} "
+                        f"... {collapsed[-1].name}); marin ls --prefix {self.graph.prefix} lists them"
+                    )
+                continue
             lines.append(f"  {row.action.value.ljust(7)} {row.name.ljust(width)}  {row.reason}")
             lines.append(f"          {blank}  -> {row.output_path}")
             if row.why_new:
@@ -227,8 +247,13 @@ def _read_statuses(store: Store, steps: Sequence[ResolvedStep]) -> dict[str, Ste
     return {step.output_path: event for step, event in zip(steps, flat, strict=True)}
 
 
+def _quietly_cached(row: PlannedStep) -> bool:
+    """A row skipped because its step already succeeded, with nothing more to say about it."""
+    return row.action == Action.SKIP and row.reason == _SKIPPED_ROW["reason"] and not row.unversioned_changes
+
+
 def _succeeded(status: StepStatus) -> bool:
-    return isinstance(status, StatusEvent) and status.status == Status.SUCCESS
+    return isinstance(status, (StatusEvent, OurSuccessLine)) and status.status == Status.SUCCESS
 
 
 RUN_ONLY_NAMES_SHOWN = 20
@@ -306,7 +331,12 @@ def make_plan(
     now = time.time()
     for step in selected:
         last = statuses[step.output_path]
-        if isinstance(last, StatusEvent) and last.status == Status.SUCCESS:  # (most rows of a re-run)
+        if type(last) is OurSuccessLine:  # (most rows of a cached re-run)
+            if last.version_hash == step.version_hash and last.config_digest == step.config_digest:
+                rows[step.output_path] = record(PlannedStep, {**_SKIPPED_ROW, "step": step})
+                continue
+            last = last.event()
+        if isinstance(last, StatusEvent) and last.status == Status.SUCCESS:
             rows[step.output_path] = _plan_succeeded(step, last, store)
             continue
         if isinstance(last, StatusFileError):
@@ -432,6 +462,7 @@ def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> Pla
 
 
 _SKIPPED_ROW = {
+    "unversioned_changes": (),
     "action": Action.SKIP,
     "reason": "already succeeded",
     "status": Status.SUCCESS,
@@ -440,7 +471,7 @@ _SKIPPED_ROW = {
     "previous_output": None,
     "status_error": None,
 }
-"""The fields of a cached step's plan row other than its step and unversioned changes."""
+"""The fields of a cached step's plan row other than its step (and its unversioned changes, when any)."""
 
 
 class _SiblingFinder:

@@ -276,11 +276,35 @@ def read_last_status(store: Store, output_path: str) -> StatusEvent | None:
     return parse_last_status(_decode(data, path), path)
 
 
-def read_last_status_local(store: Store, output_path: str) -> StatusEvent | None:
+class OurSuccessLine:
+    """A status file whose last line is the SUCCESS line our runner writes (`_OUR_SUCCESS_LINE`),
+    matched but not yet made a `StatusEvent`: a cached re-run's plan reads thousands of them
+    and compares only the two hashes (`event()` makes the whole event when more is needed)."""
+
+    __slots__ = ("match",)
+    status = Status.SUCCESS
+
+    def __init__(self, match: re.Match):
+        self.match = match
+
+    @property
+    def version_hash(self) -> str:
+        return self.match.group(4)
+
+    @property
+    def config_digest(self) -> str:
+        return self.match.group(1)
+
+    def event(self) -> StatusEvent:
+        return _our_success_event(self.match)
+
+
+def read_last_status_local(store: Store, output_path: str) -> StatusEvent | OurSuccessLine | None:
     """`read_last_status` for a tree on local disk (`store.local_path` is not None), for a
     plan over thousands of steps: the SUCCESS line our runner writes -- nearly every status a
-    cached re-run reads -- is matched in place after one `os.read`; any other content, and
-    every error, goes through `read_last_status` (which reads the file again and names it)."""
+    cached re-run reads -- is matched in place after one `os.read` and returned as an
+    `OurSuccessLine`; any other content, and every error, goes through `read_last_status`
+    (which reads the file again and names it)."""
     try:
         fd = os.open(store.local_path(f"{output_path}/{STATUS_FILE}"), LOCAL_READ_FLAGS)
     except (FileNotFoundError, NotADirectoryError):
@@ -298,7 +322,7 @@ def read_last_status_local(store: Store, output_path: str) -> StatusEvent | None
         end = len(text) - 1 if text.endswith("\n") else len(text)
         fast = _OUR_SUCCESS_LINE.fullmatch(text, text.rfind("\n", 0, end) + 1, end)
         if fast is not None:
-            return _our_success_event(fast)
+            return OurSuccessLine(fast)
     return read_last_status(store, output_path)
 
 

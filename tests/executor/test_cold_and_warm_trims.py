@@ -21,6 +21,7 @@ from executor.lease_keeper import shared_keeper
 from executor.store import LocalStore
 from executor.tree import (
     STATUS_TAIL_BYTES,
+    OurSuccessLine,
     Status,
     StatusFileError,
     append_status,
@@ -69,6 +70,8 @@ def _outcome(reader, store, output_path):
         return ("error", str(error))
     if event is None:
         return None
+    if isinstance(event, OurSuccessLine):  # the local reader's matched SUCCESS line
+        event = event.event()
     return (event.date, event.status, event.message, event.worker, event.extra)
 
 
@@ -91,7 +94,10 @@ def test_the_local_status_reader_parses_our_success_line_itself(tmp_path, monkey
     output.mkdir()
     (output / ".executor_status").write_text(RUNNING + "\n" + OUR_SUCCESS + "\n")
     monkeypatch.setattr(executor.tree, "read_last_status", lambda *_: pytest.fail("general path taken"))
-    event = read_last_status_local(LocalStore(), str(output))
+    line = read_last_status_local(LocalStore(), str(output))
+    assert isinstance(line, OurSuccessLine) and line.status == Status.SUCCESS
+    assert (line.version_hash, line.config_digest) == ("b" * 64, "a" * 64)
+    event = line.event()
     assert event.status == Status.SUCCESS and event.worker == "host:1:abc"
     assert event.extra == {"config_digest": "a" * 64, "duration_s": 0.5, "version_hash": "b" * 64}
 
@@ -268,7 +274,7 @@ def test_a_cached_steps_records_are_what_their_constructors_make(tmp_path):
     (output / ".executor_status").write_text(OUR_SUCCESS + "\n")
     extra = {"config_digest": "a" * 64, "duration_s": 0.5, "version_hash": "b" * 64}
     _same_record(
-        read_last_status_local(LocalStore(), str(output)),
+        read_last_status_local(LocalStore(), str(output)).event(),
         StatusEvent(date="2026-11-23T10:00:00.123Z", status=Status.SUCCESS, worker="host:1:abc", extra=extra),
     )
 
