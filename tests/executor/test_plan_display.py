@@ -28,7 +28,9 @@ def test_many_cached_steps_are_summed_up_on_one_line_and_the_rest_listed(tmp_pat
     prefix = str(tmp_path)
     count = CACHED_ROWS_LISTED + 5
     Executor(prefix, console=False).run(_steps(count))
-    new = ExecutorStep(name="many/new", fn=write_value, config=WriteConfig(this_output_path(), key="display-n"))
+    new = ExecutorStep(
+        name="many/new", fn=write_value, config=WriteConfig(this_output_path(), key="display-n")
+    )
     plan = Executor(prefix, console=False).run([*_steps(count), new], dry_run=True)
     lines = plan.format().splitlines()
     assert lines[0] == f"Plan: {count + 2} steps ({count + 1} skip, 1 run)"
