@@ -169,15 +169,21 @@ class ResolvedStep:
     @_computed_once
     def config_record(self) -> Any:
         """The concrete config as JSON primitives, as recorded in `.executor_info`."""
-        try:
-            return encode(self.config, strict=False)
-        except UnencodableValueError as error:  # only a value nested too deeply (in a set)
-            raise StepDefinitionError(f"step {self.name!r}: config {error}") from None
+        return self._encode_config()
 
     @_computed_once
     def config_digest(self) -> str:
         """Hash of the whole concrete config, versioned or not (for the reuse warning)."""
-        return sha256_hex(canonical_json(self.config_record))
+        # The record is not kept for this: a cached re-run digests every step's config and
+        # records none of them (kept, it was ~0.5 KB more per step of a plan's memory).
+        record = self.__dict__.get("config_record")
+        return sha256_hex(canonical_json(self._encode_config() if record is None else record))
+
+    def _encode_config(self) -> Any:
+        try:
+            return encode(self.config, strict=False)
+        except UnencodableValueError as error:  # only a value nested too deeply (in a set)
+            raise StepDefinitionError(f"step {self.name!r}: config {error}") from None
 
     @property
     def fn_name(self) -> str:

@@ -229,7 +229,10 @@ def _read_local_statuses(
             statuses[path] = None
             absent.append(path)
             continue
-        statuses[path] = _read_status(store, path, read_last_status_local)
+        try:
+            statuses[path] = read_last_status_local(store, path)
+        except StatusFileError as error:  # (as `_read_status`, inline: this runs for every step)
+            statuses[path] = error
     return statuses, frozenset(absent)
 
 
@@ -335,7 +338,7 @@ def make_plan(
             if last.version_hash == step.version_hash and last.config_digest == step.config_digest:
                 rows[step.output_path] = record(PlannedStep, {**_SKIPPED_ROW, "step": step})
                 continue
-            last = last.event()
+            last = _read_status(store, step.output_path)  # the whole event, to explain the difference
         if isinstance(last, StatusEvent) and last.status == Status.SUCCESS:
             rows[step.output_path] = _plan_succeeded(step, last, store)
             continue

@@ -277,26 +277,15 @@ def read_last_status(store: Store, output_path: str) -> StatusEvent | None:
 
 
 class OurSuccessLine:
-    """A status file whose last line is the SUCCESS line our runner writes (`_OUR_SUCCESS_LINE`),
-    matched but not yet made a `StatusEvent`: a cached re-run's plan reads thousands of them
-    and compares only the two hashes (`event()` makes the whole event when more is needed)."""
+    """A status file whose last line is the SUCCESS line our runner writes (`_OUR_SUCCESS_LINE`):
+    only the two hashes a plan compares. A cached re-run's plan reads thousands of these; the
+    whole event (`read_last_status`) is read only for a step whose hashes differ."""
 
-    __slots__ = ("match",)
+    __slots__ = ("version_hash", "config_digest")
     status = Status.SUCCESS
 
     def __init__(self, match: re.Match):
-        self.match = match
-
-    @property
-    def version_hash(self) -> str:
-        return self.match.group(4)
-
-    @property
-    def config_digest(self) -> str:
-        return self.match.group(1)
-
-    def event(self) -> StatusEvent:
-        return _our_success_event(self.match)
+        self.config_digest, self.version_hash = match.group(1, 4)
 
 
 def read_last_status_local(store: Store, output_path: str) -> StatusEvent | OurSuccessLine | None:
