@@ -105,8 +105,8 @@ MUTANTS = [
     ),
     (
         "executor/tree.py",
-        r'LEFTOVER_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]+-(?!\.executor)")',
-        r'LEFTOVER_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]+-")',
+        r'LEFTOVER_TEMP_NAME = r"\.tmp-[0-9a-f]+-(?!\.executor)"',
+        r'LEFTOVER_TEMP_NAME = r"\.tmp-[0-9a-f]+-"',
         "tests/executor/test_temp_files_after_failure.py",
     ),
     ("executor/terminal.py", '.replace("\\r", "\\n")', "", "tests/marin/test_hostile_tree_readers.py"),

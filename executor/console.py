@@ -61,7 +61,7 @@ class ConsoleProgress:
     """An event listener printing per-step status lines."""
 
     def __init__(self, total: int, stream: TextIO | None = None, planned_skips: Collection[str] = ()):
-        """`planned_skips`: output paths the printed plan already lists as skipped; they count
+        """`planned_skips`: output paths the printed plan already shows as skipped; they count
         as done without a line each (a cached re-run of 1,000 steps printed 1,000 lines that
         repeated the plan)."""
         self.total = total
@@ -85,6 +85,10 @@ class ConsoleProgress:
         self.closed = not write_or_drop(stream, line)
 
     def __call__(self, event) -> None:
+        if type(event) is StepSkipped and event.output_path in self.planned_skips:
+            # One per step of a cached re-run: it only counts (a set's add needs no lock).
+            self.done.add(event.output_path)
+            return
         with self._lock:
             self._handle(event)
 

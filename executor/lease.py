@@ -120,7 +120,7 @@ class LeaseConfig:
             elif environ.get(variable, "").strip():
                 raw = environ[variable]
                 # float() also reads "5_0" as 50 and digits of other scripts: plain decimals only.
-                if not _PLAIN_NUMBER.fullmatch(raw.strip()):
+                if not re.fullmatch(_PLAIN_NUMBER, raw.strip()):
                     raise ValueError(f"{variable}={raw!r} is not a number of seconds") from None
                 values[name] = float(raw)
                 names[name] = variable
@@ -140,8 +140,9 @@ MIN_SECONDS = 0.001
 MAX_SECONDS = 30 * 86400
 """The longest lease timing accepted (30 days)."""
 
-_PLAIN_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-"""A number of seconds as `MARIN_LEASE_*` may spell it, in ASCII: 60, 0.5, .5, 1e3."""
+_PLAIN_NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+"""A number of seconds as `MARIN_LEASE_*` may spell it, in ASCII: 60, 0.5, .5, 1e3 (a regular
+expression, compiled only when such a variable is set)."""
 
 
 def _check_timing(values: Mapping[str, object], names: Mapping[str, str]) -> None:

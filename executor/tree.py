@@ -380,8 +380,8 @@ def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None
         raise StoreError(f"cannot read {path}: {type(error).__name__}: {error}") from error
 
 
-LEFTOVER_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]+-(?!\.executor)")
-"""The temporary name of an atomic write: `.tmp-<hex>-<final name>`, as `Store.write_atomic`
+LEFTOVER_TEMP_NAME = r"\.tmp-[0-9a-f]+-(?!\.executor)"
+"""(A regular expression, compiled at its first use: not by every start.) The temporary name of an atomic write: `.tmp-<hex>-<final name>`, as `Store.write_atomic`
 (`_temp_name`) and `operations.shards.atomic_output` name them. The executor's own files
 (`.tmp-<hex>-.executor_status.lock`) are left out: the lease holder's heartbeat writes
 them while the step runs, and removing one would fail its rename."""
@@ -400,7 +400,7 @@ def remove_leftover_temp_files(store: Store, output_path: str) -> int:
     """
     removed = 0
     for path in store.find_files(output_path):
-        if LEFTOVER_TEMP_NAME.match(path.rsplit("/", 1)[-1]):
+        if re.match(LEFTOVER_TEMP_NAME, path.rsplit("/", 1)[-1]):
             store.delete(path)
             removed += 1
     return removed
