@@ -18,6 +18,31 @@ import tempfile
 
 # (file, text of the fix, what the mutant puts there, tests to run)
 MUTANTS = [
+    # -- fourteenth session: the cached re-run's plan and console ----------------------------
+    (
+        "executor/plan.py",
+        "if last.version_hash == step.version_hash and last.config_digest == step.config_digest:",
+        "if last.config_digest == step.config_digest:",
+        "tests/executor/test_mutation_guards.py tests/executor/test_mutants_plan.py",
+    ),
+    (
+        "executor/plan.py",
+        "if last.version_hash == step.version_hash and last.config_digest == step.config_digest:",
+        "if last.version_hash == step.version_hash:",
+        "tests/executor/test_cold_and_warm_trims.py",
+    ),
+    (
+        "executor/plan.py",
+        "cached_listed is not None and len(quiet) > cached_listed",
+        "cached_listed is not None and len(quiet) >= cached_listed",
+        "tests/executor/test_plan_display.py",
+    ),
+    (
+        "executor/console.py",
+        "            self.done.add(event.output_path)\n            return\n",
+        "            return\n",
+        "tests/executor/test_plan_display.py",
+    ),
     (
         "marin/gc.py",
         "tree.contains(step.path) and not tree.reached_through_link(step.path)",

@@ -73,12 +73,16 @@ def test_a_cached_step_with_a_warning_is_listed_even_when_the_rest_is_summed_up(
     assert "value: 0 -> 7" in text
 
 
-def test_the_console_of_a_cached_rerun_prints_the_summary_line(tmp_path, capsys):
+def test_the_console_of_a_cached_rerun_prints_the_summary_line(tmp_path, capfd):
     prefix = str(tmp_path)
     steps = _steps(CACHED_ROWS_LISTED + 1)
     Executor(prefix).run(steps)
-    capsys.readouterr()
+    capfd.readouterr()
     Executor(prefix).run(steps)
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert f"  skip    {CACHED_ROWS_LISTED + 2} steps already succeeded, not listed" in out
     assert "-> " not in out
+    # Each planned skip still counts as done (without a line of its own).
+    total = CACHED_ROWS_LISTED + 2
+    assert f"[{total}/{total} done, 0 running, 0 left] finished in " in out
+    assert out.count("\n") == 3  # the plan's two lines and the final count
