@@ -23,7 +23,7 @@ MUTANTS = [
         "executor/plan.py",
         "if last.version_hash == step.version_hash and last.config_digest == step.config_digest:",
         "if last.config_digest == step.config_digest:",
-        "tests/executor/test_mutation_guards.py tests/executor/test_mutants_plan.py",
+        "tests/executor/test_cold_and_warm_trims.py tests/executor/test_mutation_guards.py",
     ),
     (
         "executor/plan.py",

@@ -308,3 +308,30 @@ def test_a_cached_steps_records_are_what_their_constructors_make(tmp_path):
     _same_record(
         skipped[0], StepSkipped("cached", row.output_path, reason="already succeeded", time=skipped[0].time)
     )
+
+
+def test_our_success_line_of_another_version_with_the_same_config_is_a_collision(tmp_path):
+    """The plan's fast path compares both hashes of our SUCCESS line: a line in our exact
+    format whose config digest matches but whose version hash does not is refused as a hash
+    collision, not reused."""
+    from executor.graph import StepDefinitionError
+
+    prefix = str(tmp_path)
+    step = ExecutorStep(name="same", fn=write_value, config=WriteConfig(this_output_path(), versioned(1)))
+    Executor(prefix, console=False).run([step])
+    (resolved,) = resolve([step], prefix).steps
+    store = LocalStore()
+    line = append_status(
+        store,
+        resolved.output_path,
+        Status.SUCCESS,
+        None,
+        "host:1:abc",
+        duration_s=0.5,
+        version_hash="f" * 64,
+        config_digest=resolved.config_digest,
+    )
+    assert isinstance(read_last_status_local(store, resolved.output_path), OurSuccessLine)  # the fast path
+    assert line.extra["config_digest"] == resolved.config_digest
+    with pytest.raises(StepDefinitionError, match="hash collision"):
+        Executor(prefix, console=False).run([step], dry_run=True)
