@@ -229,10 +229,7 @@ def _read_local_statuses(
             statuses[path] = None
             absent.append(path)
             continue
-        try:
-            statuses[path] = read_last_status_local(store, path)
-        except StatusFileError as error:  # (as `_read_status`, inline: this runs for every step)
-            statuses[path] = error
+        statuses[path] = _read_status(store, path, read_last_status_local)
     return statuses, frozenset(absent)
 
 

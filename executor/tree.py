@@ -381,8 +381,9 @@ def _read_tail(store: Store, path: str, limit: int | None) -> tuple[bytes | None
 
 
 LEFTOVER_TEMP_NAME = r"\.tmp-[0-9a-f]+-(?!\.executor)"
-"""(A regular expression, compiled at its first use: not by every start.) The temporary name of an atomic write: `.tmp-<hex>-<final name>`, as `Store.write_atomic`
-(`_temp_name`) and `operations.shards.atomic_output` name them. The executor's own files
+"""The temporary name of an atomic write: `.tmp-<hex>-<final name>`, as `Store.write_atomic`
+(`_temp_name`) and `operations.shards.atomic_output` name them (a regular expression,
+compiled at its first use rather than by every start). The executor's own files
 (`.tmp-<hex>-.executor_status.lock`) are left out: the lease holder's heartbeat writes
 them while the step runs, and removing one would fail its rename."""
 
