@@ -7,6 +7,19 @@ allocations, would walk the growing heap again and again for nothing: about a te
 cached re-run of 1,000 steps. Reference counting frees memory as usual meanwhile. A
 collector the caller has disabled is left alone.
 
+**What a pause made, promoted to the oldest generation** (`CollectorPause(promote=True)`: the
+package's `__init__`, and `Executor.run`). Paused, the collector still counts the objects
+made meanwhile -- ~5,000 functions, classes and tables while `executor` imports, ~100 per
+step while a run plans -- and the first collections after the pause walked them all again:
+a young collection at once, a middle-generation one soon after (~2 ms of a cached re-run of
+1,000 steps; docs/benchmarks.md, fifteenth session). They live as long as the process or
+the run, so on resuming they -- and whatever else was young then -- are moved where
+survivors of two collections would be, the oldest generation (`gc.freeze()` then
+`gc.unfreeze()`), which only the rare full collections walk. Nothing is given up but timing: a reference cycle among them that is or becomes
+garbage is collected by the next full collection, and `gc.get_objects()` lists them all as
+before. Not done while objects are frozen (`gc.get_freeze_count()`: a program that froze
+objects before forking keeps them frozen).
+
 **Its last pass skipped at exit** (`skip_gc_at_exit`). When the interpreter exits, CPython runs the cyclic garbage collector over every object
 still alive: the modules' functions and classes, the steps the script declared, and so on.
 After a cached re-run of a 1,000-step experiment that pass was about 8 of the process's 83 ms
@@ -31,6 +44,7 @@ import os
 GC_AT_EXIT_ENV = "MARIN_GC_AT_EXIT"
 """Set to 1 to keep the garbage collector's pass at exit."""
 
+
 _registered = False
 
 
@@ -45,10 +59,13 @@ def skip_gc_at_exit() -> None:
 
 class CollectorPause:
     """The collector off for a `with` block (see the module docstring); `resume` turns it back
-    on early (before the steps' own code runs). Left alone when the caller has disabled it."""
+    on early (before the steps' own code runs). Left alone when the caller has disabled it.
+    `promote`: on resuming, move every object to the oldest generation first (see the module
+    docstring): for a block whose objects outlive it."""
 
-    def __init__(self) -> None:
+    def __init__(self, promote: bool = False) -> None:
         self.paused = False
+        self.promote = promote
 
     def __enter__(self) -> CollectorPause:
         if gc.isenabled():
@@ -59,6 +76,10 @@ class CollectorPause:
     def resume(self) -> None:
         if self.paused:
             self.paused = False
+            if self.promote and not gc.get_freeze_count():
+                # (freeze also resets the young generation's count: no collection right away)
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
     def __exit__(self, *exc_info: object) -> None:

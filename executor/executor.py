@@ -119,7 +119,8 @@ class Executor:
         Raises ValueError/StepDefinitionError for bad declarations before anything runs,
         and ExecutorRunError listing every failed step (with its log path) after the run.
         """
-        with CollectorPause() as collector:
+        # (promote: the plan lives as long as this Executor; see executor.collector)
+        with CollectorPause(promote=True) as collector:
             return self._run(steps, dry_run, run_only, force_run_failed, max_concurrent, collector)
 
     def _run(

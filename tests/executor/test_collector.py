@@ -1,6 +1,6 @@
 """The executor and the cyclic garbage collector: paused while a run plans and reports (not
-while steps run), and its pass over every live object at exit skipped (executor.collector)
-unless $MARIN_GC_AT_EXIT=1."""
+while steps run), what a pause made promoted to the oldest generation, and its pass over every
+live object at exit skipped (executor.collector) unless $MARIN_GC_AT_EXIT=1."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import gc
 import os
 import subprocess
 import sys
+import weakref
 from dataclasses import dataclass
 
 import pytest
@@ -131,10 +132,63 @@ def test_a_collector_the_caller_disabled_stays_disabled(tmp_path):
 
 @pytest.mark.parametrize("disabled_before", [False, True])
 def test_import_leaves_the_collector_as_it_found_it(disabled_before):
+    """On, with what the import made in the oldest generation (nothing frozen); or off, as the
+    caller left it, and nothing moved."""
     code = (
         "import gc\n"
         + ("gc.disable()\n" if disabled_before else "")
-        + "import executor\nprint(gc.isenabled(), gc.get_freeze_count())"
+        + "import executor\n"
+        + "from executor.executor import Executor\n"
+        + "oldest = any(obj is Executor.__dict__['run'] for obj in gc.get_objects(generation=2))\n"
+        + "print(gc.isenabled(), gc.get_freeze_count(), oldest)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.split() == [str(not disabled_before), "0"]
+    assert done.stdout.split() == [str(not disabled_before), "0", str(not disabled_before)]
+
+
+# -- what a pause made, promoted to the oldest generation --------------------------------------
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_what_a_run_planned_is_promoted_to_the_oldest_generation(tmp_path, cached):
+    if cached:
+        Executor(str(tmp_path), console=False).run(_steps())
+    gc.collect()  # (every generation's count at zero: unpromoted, the rows would be young or middle)
+    plan = Executor(str(tmp_path), console=False).run(_steps())
+    oldest = {id(obj) for obj in gc.get_objects(generation=2)}
+    assert all(id(row) in oldest for row in plan.rows)
+
+
+def test_garbage_made_before_and_during_a_run_is_still_collected(tmp_path):
+    """Promoted, not frozen: a full collection still frees reference cycles made before the
+    run and during it."""
+
+    class Node:
+        pass
+
+    def cycle():
+        node = Node()
+        node.self = node
+        return weakref.ref(node)
+
+    before = cycle()
+    seen_in_run = []
+    Executor(str(tmp_path), console=False, listeners=[lambda event: seen_in_run.append(cycle())]).run(
+        _steps()
+    )
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert before() is None
+    assert seen_in_run and all(ref() is None for ref in seen_in_run)
+
+
+def test_a_program_that_froze_objects_keeps_them_frozen(tmp_path):
+    """Promoting is `gc.freeze()` then `gc.unfreeze()`: it would thaw what a program froze on
+    purpose (before forking workers, to spare their copy-on-write), so it is skipped then."""
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        Executor(str(tmp_path), console=False).run(_steps())
+        assert gc.get_freeze_count() > frozen // 2 > 0  # (frozen objects can still be freed)
+    finally:
+        gc.unfreeze()
