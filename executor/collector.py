@@ -11,14 +11,15 @@ collector the caller has disabled is left alone.
 package's `__init__`, and `Executor.run`). Paused, the collector still counts the objects
 made meanwhile -- ~5,000 functions, classes and tables while `executor` imports, ~100 per
 step while a run plans -- and the first collections after the pause walked them all again:
-a young collection at once, a middle-generation one soon after (~2 ms of a cached re-run of
-1,000 steps; docs/benchmarks.md, fifteenth session). They live as long as the process or
+a young collection at once, a middle-generation one soon after (~1.7 ms of a cached re-run
+of 1,000 steps; docs/benchmarks.md, fifteenth session). They live as long as the process or
 the run, so on resuming they -- and whatever else was young then -- are moved where
 survivors of two collections would be, the oldest generation (`gc.freeze()` then
-`gc.unfreeze()`), which only the rare full collections walk. Nothing is given up but timing: a reference cycle among them that is or becomes
-garbage is collected by the next full collection, and `gc.get_objects()` lists them all as
-before. Not done while objects are frozen (`gc.get_freeze_count()`: a program that froze
-objects before forking keeps them frozen).
+`gc.unfreeze()`), which only the rare full collections walk. Nothing is given up but
+timing: a reference cycle among them that is or becomes garbage is collected by the next
+full collection, and `gc.get_objects()` lists them all as before. Not done while objects
+are frozen (`gc.get_freeze_count()`: a program that froze objects before forking keeps
+them frozen).
 
 **Its last pass skipped at exit** (`skip_gc_at_exit`). When the interpreter exits, CPython runs the cyclic garbage collector over every object
 still alive: the modules' functions and classes, the steps the script declared, and so on.
@@ -43,7 +44,6 @@ import os
 
 GC_AT_EXIT_ENV = "MARIN_GC_AT_EXIT"
 """Set to 1 to keep the garbage collector's pass at exit."""
-
 
 _registered = False
 
