@@ -1,4 +1,4 @@
-"""Hand-applied mutants of the ninth to thirteenth sessions' fixes: each one removes or weakens a
+"""Hand-applied mutants of the ninth to fifteenth sessions' fixes: each one removes or weakens a
 fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
@@ -18,6 +18,31 @@ import tempfile
 
 # (file, text of the fix, what the mutant puts there, tests to run)
 MUTANTS = [
+    # -- fifteenth session: what a pause made, promoted to the oldest generation -------------
+    (
+        "executor/collector.py",
+        "if self.promote and not gc.get_freeze_count():",
+        "if False:",
+        "tests/executor/test_collector.py",
+    ),
+    (
+        "executor/collector.py",
+        "if self.promote and not gc.get_freeze_count():",
+        "if self.promote:",
+        "tests/executor/test_collector.py",
+    ),
+    (
+        "executor/collector.py",
+        "                gc.freeze()\n                gc.unfreeze()\n",
+        "                gc.freeze()\n",
+        "tests/executor/test_collector.py",
+    ),
+    (
+        "executor/executor.py",
+        "with CollectorPause(promote=True) as collector:",
+        "with CollectorPause() as collector:",
+        "tests/executor/test_collector.py",
+    ),
     # -- fourteenth session: the cached re-run's plan and console ----------------------------
     (
         "executor/plan.py",
