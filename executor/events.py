@@ -94,7 +94,7 @@ def planned_event(row: Any) -> StepPlanned:
     """`StepPlanned(row.name, row.output_path, action=row.action.value, reason=row.reason)` for
     a plan row (`executor.plan.PlannedStep`), made by `record`: one per step of every plan."""
     fields = {"name": row.name, "output_path": row.output_path, "time": time.time()}
-    fields["action"] = row.action.value
+    fields["action"] = row.action._value_  # (`.value`, without the Enum property's ~0.1 us)
     fields["reason"] = row.reason
     return record(StepPlanned, fields)
 

@@ -227,9 +227,12 @@ class Executor:
                     summary = runner.run()
                 else:
                     summary = skip_all(plan.rows, emit)
-                outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
-                nothing_ran = all(outcome == Outcome.SKIPPED for outcome in summary.outcomes.values())
+                # (`skip_all` skipped every step, or raised)
+                nothing_ran = not will_run or all(
+                    outcome == Outcome.SKIPPED for outcome in summary.outcomes.values()
+                )
                 if not (nothing_ran and self.store.exists(self.executor_info_path)):
+                    outcomes = {path: outcome.value for path, outcome in summary.outcomes.items()}
                     write_experiment_info(
                         self.store,
                         self.executor_info_path,

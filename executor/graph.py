@@ -54,7 +54,7 @@ from executor.fingerprint import (
     short_path,
 )
 from executor.lazy_logging import LazyLogger
-from executor.records import dataclass
+from executor.records import dataclass, record
 from executor.steps import (
     RESERVED_FIRST_PARTS,
     ExecutorStep,
@@ -537,16 +537,21 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
                 )
         builder.output_path = output_path
         blocking = builder.blocking
-        candidate = ResolvedStep(  # (positional: this runs for every step of every run)
-            step,
-            step.name,
-            version,
-            version_hash,
-            output_path,
-            _concrete_config(step, builder) if markers[id(step)] else step.config,
-            tuple([p for p in builder.dep_paths if blocking[p]]),
-            tuple([p for p in builder.dep_paths if not blocking[p]]),
-            tuple(builder.mirrors),
+        # `record`, not the constructor: this runs for every step of every run (the frozen
+        # `__init__` sets each of the nine fields through object.__setattr__).
+        candidate = record(
+            ResolvedStep,
+            {
+                "step": step,
+                "name": step.name,
+                "version": version,
+                "version_hash": version_hash,
+                "output_path": output_path,
+                "config": _concrete_config(step, builder) if markers[id(step)] else step.config,
+                "blocking_deps": tuple([p for p in builder.dep_paths if blocking[p]]),
+                "nonblocking_deps": tuple([p for p in builder.dep_paths if not blocking[p]]),
+                "mirrors": tuple(builder.mirrors),
+            },
         )
         existing = by_path.get(output_path)
         if existing is not None:

@@ -124,10 +124,11 @@ class Plan:
     graph: StepGraph = field(repr=False)
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for row in self.rows:
-            out[row.action.value] = out.get(row.action.value, 0) + 1
-        return out
+        by_action: dict[Action, int] = {}
+        for row in self.rows:  # (by member: an Enum's `.value` is a property, ~0.1 us a read)
+            action = row.action
+            by_action[action] = by_action.get(action, 0) + 1
+        return {action.value: count for action, count in by_action.items()}
 
     def format(self, cached_listed: int | None = CACHED_ROWS_LISTED) -> str:
         """The plan as a table, with the hash-change explanations and warnings under their rows.

@@ -310,6 +310,30 @@ def test_a_cached_steps_records_are_what_their_constructors_make(tmp_path):
     )
 
 
+def test_a_resolved_step_is_what_its_constructor_makes(tmp_path):
+    """`resolve` builds each ResolvedStep with `record`: every field, nothing more, frozen (the
+    class compares by identity, so field by field here)."""
+    import dataclasses
+
+    from executor import mirrored, output_path_of
+    from executor.graph import ResolvedStep
+
+    first = ExecutorStep(name="first", fn=write_value, config=WriteConfig(this_output_path(), versioned(1)))
+    other = ExecutorStep(name="other", fn=write_value, config=WriteConfig(this_output_path(), 2))
+    value = [output_path_of(first), other.nonblocking(), mirrored("raw/data", budget_gb=1)]
+    last = ExecutorStep(name="last", fn=write_value, config=WriteConfig(this_output_path(), value))
+    resolved = resolve([last], str(tmp_path)).steps
+    assert [step.name for step in resolved] == ["first", "other", "last"]
+    assert resolved[2].blocking_deps == (resolved[0].output_path,)
+    assert resolved[2].nonblocking_deps == (resolved[1].output_path,) and resolved[2].mirrors
+    assert not hasattr(ResolvedStep, "__post_init__")  # `record` would skip it
+    for step in resolved:
+        made = ResolvedStep(**{field.name: getattr(step, field.name) for field in dataclasses.fields(step)})
+        assert vars(step) == vars(made) and repr(step) == repr(made)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            step.name = "renamed"
+
+
 def test_our_success_line_of_another_version_with_the_same_config_is_a_collision(tmp_path):
     """The plan's fast path compares both hashes of our SUCCESS line: a line in our exact
     format whose config digest matches but whose version hash does not is refused as a hash
