@@ -43,6 +43,19 @@ MUTANTS = [
         "with CollectorPause() as collector:",
         "tests/executor/test_collector.py",
     ),
+    # (two survivors of the fifteenth session's mutmut sample)
+    (
+        "executor/executor.py",
+        "if will_run or not self.store.exists(self.executor_info_path):",
+        "if will_run and not self.store.exists(self.executor_info_path):",
+        "tests/executor/test_mutation_guards.py",
+    ),
+    (
+        "executor/executor.py",
+        '"experiment": self.executor_info_path,',
+        '"EXPERIMENT": self.executor_info_path,',
+        "tests/executor/test_mutation_guards.py",
+    ),
     # -- fourteenth session: the cached re-run's plan and console ----------------------------
     (
         "executor/plan.py",

@@ -365,6 +365,10 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("map_markers", "if all(new is old for new, old in zip(items, obj, )):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"
     ),
+    ("map_markers", "child_kind = None"): (
+        "only a shortcut: a leaf child then goes through map_markers, which returns it as it is, and "
+        "a marker child through map_markers's own isinstance check to the same callback"
+    ),
     # executor/lease.py
     ("LeaseManager.try_acquire", "if current is not None and not self.is_stale(record, ):"): (
         "is_stale without `now` reads the clock itself, microseconds after `now` was read"
@@ -396,6 +400,9 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ),
     ("_plan_step", "if lease is not None and not leases.is_stale(lease, ):"): (
         "is_stale without `now` reads the clock itself, milliseconds after make_plan read `now`"
+    ),
+    ("make_plan", "now = None"): (
+        "`now` only reaches is_stale, which reads the clock itself when given None, milliseconds later"
     ),
 }
 

@@ -1325,3 +1325,45 @@ def test_a_memory_prefix_needs_no_bucket():
     assert normalize_prefix("memory:///runs") == "memory:///runs"
     with pytest.raises(StoreError):
         normalize_prefix("s3:///runs")
+
+
+# -- fifteenth session: survivors of a 1-in-20 mutmut sample of executor/ ---------------------
+
+
+def test_every_step_record_says_which_run_wrote_it(tmp_path, monkeypatch):
+    """`.executor_info`'s "run": the experiment manifest, the script, the working directory and
+    the git and Python the run came from (the runner's `run_record`)."""
+    monkeypatch.chdir(tmp_path)
+    step = ExecutorStep(name="recorded", fn=write_value, config=WriteConfig(this_output_path(), 1))
+    executor = Executor(str(tmp_path / "out"), console=False)
+    executor.run([step])
+    with open(os.path.join(executor.output_paths[step], ".executor_info")) as handle:
+        run = json.load(handle)["run"]
+    assert set(run) == {"experiment", "script", "cwd", "git", "python"}
+    assert run["experiment"] == executor.executor_info_path
+    assert run["cwd"] == str(tmp_path)
+
+
+def test_a_run_with_steps_to_run_checks_the_prefix_is_writable_even_with_a_manifest(tmp_path, monkeypatch):
+    """Steps that will run: the prefix is checked first (one line naming it if it cannot be
+    written), whether or not this experiment's manifest exists already. A fully cached re-run
+    with a manifest checks nothing."""
+    steps = [ExecutorStep(name="w", fn=write_value, config=WriteConfig(this_output_path(), 1))]
+    prefix = str(tmp_path / "out")
+    checked = []
+
+    def run() -> Executor:
+        executor = Executor(prefix, console=False)
+        real = executor.store.check_writable
+        monkeypatch.setattr(executor.store, "check_writable", lambda p: (checked.append(p), real(p)))
+        executor.run(steps)
+        return executor
+
+    first = run()
+    assert checked == [prefix] and os.path.exists(first.executor_info_path)
+    checked.clear()
+    run()  # cached, manifest there
+    assert checked == []
+    shutil.rmtree(first.output_paths[steps[0]])  # the step must run again; the manifest stays
+    run()
+    assert checked == [prefix]
