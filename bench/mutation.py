@@ -365,6 +365,16 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("map_markers", "if all(new is old for new, old in zip(items, obj, )):"): (
         "`items` is built from `obj`, so the lengths always match and `strict` never fires"
     ),
+    ("_collect", "inputs = inputs_cache.get(None)"): (
+        "only a cache: a step's markers and inputs are found again, the same each time (the walk is "
+        "deterministic and raised the first time if it raises at all)"
+    ),
+    ("_is_valid_name", "if len(name) >= MAX_LAST_NAME_PART and _long_part(name) is not None:"): (
+        "a name exactly MAX_LAST_NAME_PART long has no part over the limits, so _long_part returns None"
+    ),
+    ("LocalStore.read_bytes", "while chunk := os.read(fd, 1 << 17):"): (
+        "the loop reads to the end in chunks of any size"
+    ),
     ("map_markers", "child_kind = None"): (
         "only a shortcut: a leaf child then goes through map_markers, which returns it as it is, and "
         "a marker child through map_markers's own isinstance check to the same callback"
