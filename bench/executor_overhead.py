@@ -893,15 +893,17 @@ def targets(rows: list[Row]) -> tuple[list[str], dict[str, float]]:
     return lines, values
 
 
-def git_commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
+def git_commit(root: str | None = None) -> str:
+    """The short commit of the checkout at `root` (default: this one), `+dirty` when its
+    executor/ or bench/ has uncommitted changes."""
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "--", "executor", "bench"],
-            cwd=here + "/..",
+            cwd=root,
             capture_output=True,
             text=True,
             check=True,

@@ -11,6 +11,9 @@ percent, so only ratios taken side by side compare. Better, for a change worth ~
 checkout of the other commit with `--other` (e.g. `git worktree add /tmp/base HEAD`); each
 round then also runs the experiment on that code (PYTHONPATH, on a prefix of its own), and the
 last line gives the median per-round ratio of the two, which outside load moves far less.
+"Ours" is the code `import executor` finds: this checkout's, unless $PYTHONPATH names another
+(`PYTHONPATH=/tmp/a .venv/bin/python bench/whole_process_ab.py --other /tmp/b` compares two
+older commits); the first line's commit is this checkout's.
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ def main() -> None:
         other_ratio = statistics.median(a / b for a, b in zip(others, floors, strict=True))
         versus = statistics.median(a / b for a, b in zip(ours, others, strict=True))
         print(
-            f"other ({args.other}): {statistics.median(others) * 1000:.1f} ms, ratio {other_ratio:.3f}; "
+            f"other ({args.other}, commit {bench.git_commit(other)}): {statistics.median(others) * 1000:.1f} ms, "
+            f"ratio {other_ratio:.3f}; "
             f"ours / other {versus:.3f}"
         )
 

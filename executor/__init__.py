@@ -17,7 +17,7 @@ from executor.collector import CollectorPause as _CollectorPause
 
 # The import makes ~5,000 objects that live as long as the process: no collection over them
 # meanwhile (~1 ms of every start), and afterwards only the rare full ones (they are promoted
-# to the oldest generation: ~1.5 ms of a cached re-run of 1,000 steps); see executor.collector.
+# to the oldest generation: ~1% of a cached re-run of 1,000 steps); see executor.collector.
 with _CollectorPause(promote=True):
     import executor.step_errors  # noqa: F401 - installs the one-line report of declaration errors
     from executor.executor import Executor

@@ -11,8 +11,9 @@ collector the caller has disabled is left alone.
 package's `__init__`, and `Executor.run`). Paused, the collector still counts the objects
 made meanwhile -- ~5,000 functions, classes and tables while `executor` imports, ~100 per
 step while a run plans -- and the first collections after the pause walked them all again:
-a young collection at once, a middle-generation one soon after (~1.7 ms of a cached re-run
-of 1,000 steps; docs/benchmarks.md, fifteenth session). They live as long as the process or
+a young collection at once, a middle-generation one soon after (1.5-2.5 ms of collections
+in a cached re-run of 1,000 steps by a `gc.callbacks` hook, ~1% of its wall time by an
+interleaved A/B; docs/benchmarks.md, fifteenth session). They live as long as the process or
 the run, so on resuming they -- and whatever else was young then -- are moved where
 survivors of two collections would be, the oldest generation (`gc.freeze()` then
 `gc.unfreeze()`), which only the rare full collections walk. Nothing is given up but
