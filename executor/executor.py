@@ -15,7 +15,7 @@ import _signal as signal  # (the C module: `signal`'s enum wrappers cost every s
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from executor.backends import Backend, backend_name, open_backend
 from executor.collector import CollectorPause, skip_gc_at_exit
@@ -91,7 +91,8 @@ class Executor:
     def _reset(self) -> None:
         self.steps: list[ExecutorStep] = []
         self.output_paths: dict[ExecutorStep, str] = {}
-        self.configs: dict[ExecutorStep, Any] = {}
+        self.configs: Mapping[ExecutorStep, Any] = {}
+        """Each declaration's concrete config (what its function gets), built when first read."""
         self.versions: dict[ExecutorStep, dict] = {}
         self.executor_info_path: str | None = None
         self.graph: StepGraph | None = None
@@ -272,12 +273,36 @@ class Executor:
 
     def _record_graph(self, graph: StepGraph) -> None:
         self.graph = graph
+        self.configs = ConfigsByDeclaration(graph)
         self.steps = [step.step for step in graph.steps]
         for declaration in graph.declarations:
             resolved = graph.resolved(declaration)
             self.output_paths[declaration] = resolved.output_path
-            self.configs[declaration] = resolved.config
             self.versions[declaration] = resolved.version
+
+
+class ConfigsByDeclaration(Mapping):
+    """`Executor.configs` after a run: declaration -> its concrete config, as Marin's dict has
+    it, but each built only when read (`ResolvedStep.config`): a cached re-run needs none."""
+
+    def __init__(self, graph: StepGraph):
+        self._graph = graph
+
+    def __getitem__(self, declaration: ExecutorStep) -> Any:
+        # (by id: the graph keeps every declaration alive, so an id names only that one)
+        resolved = self._graph.by_declaration.get(id(declaration))
+        if resolved is None or not isinstance(declaration, ExecutorStep):
+            raise KeyError(declaration)
+        return resolved.config
+
+    def __iter__(self) -> Iterator[ExecutorStep]:
+        return iter(self._graph.declarations)
+
+    def __len__(self) -> int:
+        return len(self._graph.declarations)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} declarations)"
 
 
 def _declared_steps(steps: Sequence[ExecutorStep | InputName]) -> list[ExecutorStep]:

@@ -140,23 +140,7 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
-            if isinstance(key, enum.Enum):
-                text = _enum_encoding(key)
-                text = text if isinstance(text, str) else json.dumps(text)
-            elif isinstance(key, (str, int, float, bool)) or key is None:
-                text = key if isinstance(key, str) else json.dumps(key)
-            else:
-                if strict:
-                    raise UnencodableValueError(
-                        path,
-                        value,
-                        f"dict key {key!r} of type {_describe(key)} cannot be encoded; use str keys",
-                    )
-                text = repr(key)
-            if text in out:
-                raise UnencodableValueError(
-                    path, value, f"dict keys collide after encoding as strings: {text!r}"
-                )
+            text = encode_key(key, value, out, path, strict)
             out[text] = encode(item, _child(path, text), strict, depth)
         return out
     if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
@@ -174,6 +158,29 @@ def encode(value: Any, path: str = "", strict: bool = True, depth: int = 0) -> A
         return f"{getattr(value, '__module__', '?')}:{value.__qualname__}"
     text = repr(value)
     return f"<{_describe(value)}>" if " at 0x" in text else text
+
+
+def encode_key(key: Any, mapping: dict, encoded: dict, path: str, strict: bool) -> str:
+    """A key of the dict `mapping` (at `path`) as the string it has in the encoding; refused when
+    it collides with a key of `encoded` (the keys encoded so far)."""
+    if type(key) is str:
+        text = key
+    elif isinstance(key, enum.Enum):
+        text = _enum_encoding(key)
+        text = text if isinstance(text, str) else json.dumps(text)
+    elif isinstance(key, (str, int, float, bool)) or key is None:
+        text = key if isinstance(key, str) else json.dumps(key)
+    else:
+        if strict:
+            raise UnencodableValueError(
+                path,
+                mapping,
+                f"dict key {key!r} of type {_describe(key)} cannot be encoded; use str keys",
+            )
+        text = repr(key)
+    if text in encoded:
+        raise UnencodableValueError(path, mapping, f"dict keys collide after encoding as strings: {text!r}")
+    return text
 
 
 def _enum_encoding(member: enum.Enum) -> str | int:

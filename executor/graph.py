@@ -66,7 +66,7 @@ from executor.steps import (
     check_input_sub_path,
     check_output_sub_path,
 )
-from executor.walker import map_markers
+from executor.walker import UNBUILT, encode_mapped, map_markers
 
 TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
 if TYPE_CHECKING:
@@ -188,6 +188,26 @@ class ResolvedStep:
     @property
     def fn_name(self) -> str:
         return fn_qualname(self.step.fn)
+
+
+class _ConfigOnFirstRead:
+    """`ResolvedStep.config` of a step `resolve` made without it (`_config_or_digest`): built
+    on first read, from the declaration and the `_VersionBuilder` kept for it until then.
+    Two threads reading it at once may each build one; the first stored is kept."""
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        attributes = instance.__dict__
+        builder = attributes.get("_builder")
+        if builder is None:  # (another thread built it meanwhile)
+            return attributes["config"]
+        config = attributes.setdefault("config", _concrete_config(instance.step, builder))
+        attributes.pop("_builder", None)
+        return config
+
+
+ResolvedStep.config = _ConfigOnFirstRead()  # (after the class: not a default of the field)
 
 
 @dataclass(frozen=True)
@@ -547,10 +567,10 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
                 "version": version,
                 "version_hash": version_hash,
                 "output_path": output_path,
-                "config": _concrete_config(step, builder) if markers[id(step)] else step.config,
                 "blocking_deps": tuple([p for p in builder.dep_paths if blocking[p]]),
                 "nonblocking_deps": tuple([p for p in builder.dep_paths if not blocking[p]]),
                 "mirrors": tuple(builder.mirrors),
+                **_config_or_digest(step, builder, bool(markers[id(step)])),
             },
         )
         existing = by_path.get(output_path)
@@ -564,6 +584,21 @@ def resolve(roots: Sequence[ExecutorStep], prefix: str) -> StepGraph:
     return StepGraph(
         prefix=prefix, steps=tuple(unique), by_declaration=resolved, declarations=tuple(declarations)
     )
+
+
+def _config_or_digest(step: ExecutorStep, builder: _VersionBuilder, has_markers: bool) -> dict[str, Any]:
+    """The concrete config for `ResolvedStep`; or, where its encoding can be had without it
+    (`encode_mapped`), only its digest, and what builds it when it is first read (a cached
+    re-run reads none of them)."""
+    if not has_markers:
+        return {"config": step.config}
+    try:
+        encoded = encode_mapped(step.config, builder.concrete)
+    except UnencodableValueError as error:  # as `ResolvedStep._encode_config` says it
+        raise StepDefinitionError(f"step {step.name!r}: config {error}") from None
+    if encoded is UNBUILT:
+        return {"config": _concrete_config(step, builder)}
+    return {"config_digest": sha256_hex(canonical_json(encoded)), "_builder": builder}
 
 
 def _concrete_config(step: ExecutorStep, builder: _VersionBuilder) -> Any:

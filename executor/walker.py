@@ -6,6 +6,8 @@ item and dict value, and hand each *marker* (an `InputName`, an `ExecutorStep` u
 as an input, an `OutputName`, a `VersionedValue` or a `MirroredValue`) to a callback that returns its
 replacement. Everything else is left as it is. Containers are rebuilt only where
 something inside them changed, so walking a config with no markers is cheap.
+`encode_mapped` is the same walk fused with `executor.fingerprint.encode`: the encoding of the
+mapped config without building it, for the config digest of a step nobody runs.
 
 The walk refuses configs nested more than `MAX_DEPTH` containers deep (see
 `executor.fingerprint`) with a `ConfigTooDeepError` naming the field, before Python's
@@ -15,9 +17,11 @@ recursion limit could turn it into a RecursionError.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable
+from pathlib import PurePath
 
-from executor.fingerprint import MAX_DEPTH, short_path
+from executor.fingerprint import MAX_DEPTH, encode, encode_key, short_path
 from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue
 
 TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
@@ -145,3 +149,127 @@ def _replace(obj: Any, kind: type, fields: tuple[tuple[str, bool], ...], changes
 
 def _unchanged(marker: Any, path: str, depth: int) -> Any:
     return marker
+
+
+UNBUILT = object()
+"""What `encode_mapped` returns when only the mapped config itself can say its encoding."""
+
+
+def encode_mapped(obj: Any, on_marker: MarkerCallback) -> Any:
+    """`encode(map_markers(obj, on_marker), strict=False)` without building the mapped config,
+    or UNBUILT when that needs the mapped config itself.
+
+    A cached re-run needs each step's config digest (the encoding's hash) but never the config
+    its function would get; building it was a sixth of resolving a 1,000-step chain. The two
+    are the same only where rebuilding a dataclass around a replaced marker is a plain copy:
+    exactly `dataclasses`' own `__init__` (no `__post_init__`, no `init=False` field, no
+    `__new__` or metaclass of the class's own). A marker inside anything else -- a subclass of
+    list, tuple or dict (a namedtuple), a dataclass that is also an enum, number, string or
+    path -- gives UNBUILT. `obj` was walked by `map_markers` already (its depth is checked).
+    """
+    return _encode_mapped(obj, on_marker, "", 0, [False])
+
+
+# `state[0]`: whether a marker was replaced since the innermost dataclass around began.
+def _encode_mapped(obj: Any, on_marker: MarkerCallback, path: str, depth: int, state: list) -> Any:
+    kind = type(obj)
+    walk = _DATACLASS_WALKS.get(kind)
+    if walk is None:
+        if kind in _LEAVES:
+            return encode(obj, path, False, depth)
+        if isinstance(obj, MARKER_TYPES):
+            state[0] = True
+            return encode(on_marker(obj, path, depth), path, False, depth)
+        if kind is list or kind is tuple:
+            out = []
+            for index, item in enumerate(obj):
+                item = _encode_mapped(item, on_marker, f"{path}[{index}]", depth + 1, state)
+                if item is UNBUILT:
+                    return UNBUILT
+                out.append(item)
+            return out
+        if kind is dict:
+            out = {}
+            for key, value in obj.items():
+                text = encode_key(key, obj, out, path, False)
+                value = _encode_mapped(value, on_marker, f"{path}.{text}" if path else text, depth + 1, state)
+                if value is UNBUILT:
+                    return UNBUILT
+                out[text] = value
+            return out
+        walk = _dataclass_walk(obj)
+        if walk is None:
+            if isinstance(obj, (list, tuple, dict)) or (
+                dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+            ):
+                # A subclass of a container, or a dataclass that is something else too: the
+                # walk rebuilds it with its own constructor. The same object when it holds no marker.
+                return UNBUILT if _holds_marker(obj) else encode(obj, path, False, depth)
+            return encode(obj, path, False, depth)  # (sets, paths, enums, numbers...: as they are)
+    names, qualname, rebuilt_as_is = walk
+    depth += 1
+    replaced_before, state[0] = state[0], False
+    out = {"__type__": qualname}
+    # (Inlined, as in `map_markers` and `encode`: exact leaves, and markers whose value is one.)
+    for name in names:
+        value = getattr(obj, name)
+        value_kind = type(value)
+        if value_kind is str or value_kind is int or value_kind is bool or value is None:
+            out[name] = value
+            continue
+        child = f"{path}.{name}" if path else name
+        if value_kind in _EXACT_MARKERS:
+            state[0] = True
+            value = on_marker(value, child, depth)
+            value_kind = type(value)
+            if not (value_kind is str or value_kind is int or value_kind is bool or value is None):
+                value = encode(value, child, False, depth)
+        else:
+            value = _encode_mapped(value, on_marker, child, depth, state)
+            if value is UNBUILT:
+                return UNBUILT
+        out[name] = value
+    if state[0]:
+        if not rebuilt_as_is:
+            return UNBUILT
+    else:
+        state[0] = replaced_before
+    return out
+
+
+_DATACLASS_WALKS: dict[type, tuple[tuple[str, ...], str, bool]] = {}
+"""Per dataclass type `map_markers` walked (and that is only a dataclass): its field names,
+its `__qualname__` and whether rebuilding it around a replaced marker is a plain copy."""
+
+_NOT_PLAIN_OBJECTS = (enum.Enum, int, float, str, bytes, PurePath)
+"""A dataclass that is also one of these is encoded as one of these (see `encode`)."""
+
+
+def _dataclass_walk(obj: Any) -> tuple[tuple[str, ...], str, bool] | None:
+    kind = type(obj)
+    fields = _FIELDS.get(kind)
+    if fields is None or isinstance(obj, _NOT_PLAIN_OBJECTS):  # (markers never reach here)
+        return None
+    init = getattr(kind.__init__, "__code__", None)
+    rebuilt_as_is = bool(
+        _PLAIN[kind]
+        and all(init_field for _, init_field in fields)
+        and not hasattr(kind, "__post_init__")
+        and init is not None
+        and init.co_filename == "<string>"  # (written by `dataclasses`, not by the class)
+        and kind.__new__ is object.__new__
+        and type(kind).__call__ is type.__call__
+    )
+    walk = _DATACLASS_WALKS[kind] = (tuple(name for name, _ in fields), kind.__qualname__, rebuilt_as_is)
+    return walk
+
+
+def _holds_marker(obj: Any) -> bool:
+    found = []
+
+    def note(marker: Any, path: str, depth: int) -> Any:
+        found.append(marker)
+        return marker
+
+    map_markers(obj, note)
+    return bool(found)

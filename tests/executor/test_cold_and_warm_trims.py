@@ -132,16 +132,28 @@ def test_a_cached_rerun_plans_every_step_skipped_through_the_local_reader(tmp_pa
     assert [row.unversioned_changes for row in plan.rows] == [()] * 5
 
 
-def test_a_step_digest_is_computed_once_and_kept(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "built_at_resolve", [False, True], ids=["config built lazily", "config built at once"]
+)
+def test_a_step_digest_is_computed_once_and_kept(tmp_path, monkeypatch, built_at_resolve):
+    """Where `resolve` can encode the concrete config without building it, it digests it then
+    (once, with the version); otherwise on first read. Either way once, and kept."""
     import executor.graph
+    import executor.walker
 
-    graph = resolve([ExecutorStep(name="s", fn=write_value, config=WriteConfig(this_output_path(), 1))], "/p")
-    step = graph.steps[0]
     calls = []
     original = executor.graph.canonical_json
     monkeypatch.setattr(executor.graph, "canonical_json", lambda value: calls.append(1) or original(value))
+    if built_at_resolve:  # as for a config class with a __post_init__ (tests/executor/test_lazy_config.py)
+        monkeypatch.setattr(
+            executor.graph, "encode_mapped", lambda config, on_marker: executor.walker.UNBUILT
+        )
+    graph = resolve([ExecutorStep(name="s", fn=write_value, config=WriteConfig(this_output_path(), 1))], "/p")
+    step = graph.steps[0]
+    assert len(calls) == (1 if built_at_resolve else 2)  # the version; and the digest when lazy
+    assert ("config_digest" in step.__dict__) is not built_at_resolve
     first = step.config_digest
-    assert step.config_digest == first and len(calls) == 1
+    assert step.config_digest == first and len(calls) == 2
     assert step.__dict__["config_digest"] == first
     assert type(step).config_digest.__doc__.startswith("Hash of the whole concrete config")
 
@@ -329,7 +341,9 @@ def test_a_resolved_step_is_what_its_constructor_makes(tmp_path):
     assert not hasattr(ResolvedStep, "__post_init__")  # `record` would skip it
     for step in resolved:
         made = ResolvedStep(**{field.name: getattr(step, field.name) for field in dataclasses.fields(step)})
-        assert vars(step) == vars(made) and repr(step) == repr(made)
+        # (`resolve` digests a config it can encode without building it: a cached value)
+        assert {name: value for name, value in vars(step).items() if name != "config_digest"} == vars(made)
+        assert repr(step) == repr(made) and step.config_digest == made.config_digest
         with pytest.raises(dataclasses.FrozenInstanceError):
             step.name = "renamed"
 
