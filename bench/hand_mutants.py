@@ -18,6 +18,47 @@ import tempfile
 
 # (file, text of the fix, what the mutant puts there, tests to run)
 MUTANTS = [
+    # -- sixteenth session: a cached re-run digests configs without building them -------------
+    *[
+        ("executor/walker.py", fix, mutant, "tests/executor/test_lazy_config.py")
+        for fix, mutant in [
+            ('        and not hasattr(kind, "__post_init__")\n', "        and True\n"),
+            ("            state[0] = True\n            value = on_marker", "            value = on_marker"),
+            ("        state[0] = replaced_before\n", "        state[0] = False\n"),
+            (
+                "                return UNBUILT if _holds_marker(obj) else encode(obj, path, False, depth)",
+                "                return encode(obj, path, False, depth)",
+            ),
+            ("        if kind is list or kind is tuple:", "        if kind is list:"),
+            ('        and init.co_filename == "<string>"', "        and True"),
+            ("        and kind.__new__ is object.__new__\n", "        and True\n"),
+            ("        and all(init_field for _, init_field in fields)\n", "        and True\n"),
+            ("        and type(kind).__call__ is type.__call__\n", "        and True\n"),
+            (
+                "    if state[0]:\n        if not rebuilt_as_is:",
+                "    if False:\n        if not rebuilt_as_is:",
+            ),
+            ("    if fields is None or isinstance(obj, _NOT_PLAIN_OBJECTS):", "    if fields is None:"),
+        ]
+    ],
+    (
+        "executor/graph.py",
+        '    return {"config_digest": sha256_hex(canonical_json(encoded)), "_builder": builder}',
+        '    return {"config": _concrete_config(step, builder)}',
+        "tests/executor/test_lazy_config.py",
+    ),
+    (
+        "executor/graph.py",
+        '    return {"config_digest": sha256_hex(canonical_json(encoded)), "_builder": builder}',
+        '    return {"config_digest": sha256_hex(canonical_json(encoded[0] if 0 else {})), "_builder": builder}',
+        "tests/executor/test_lazy_config.py",
+    ),
+    (
+        "executor/executor.py",
+        "        self.configs = ConfigsByDeclaration(graph)\n",
+        "        self.configs = {d: graph.resolved(d).config for d in graph.declarations}\n",
+        "tests/executor/test_lazy_config.py",
+    ),
     # -- fifteenth session: what a pause made, promoted to the oldest generation -------------
     (
         "executor/collector.py",
