@@ -290,24 +290,32 @@ def cmd_tree(args: argparse.Namespace) -> int:
     # Depth first with a stack, not recursion: a manifest (untrusted) may chain thousands of
     # steps, past Python's recursion limit. Children are pushed last first, so they are drawn
     # in order, each one's subtree before the next.
-    stack: list[tuple[str, str, str]] = [(root, "", "") for root in reversed(roots)]
+    # Below MAX_TREE_INDENT levels the indentation stops growing (a chain 1,000 steps deep
+    # would print half a million spaces) and each line says its depth instead.
+    stack: list[tuple[str, str, str, int]] = [(root, "", "", 0) for root in reversed(roots)]
     while stack:
-        path, lead, branch = stack.pop()
+        path, lead, branch, depth = stack.pop()
         _entry, output = by_path[path]
         status = output.status if output else "MISSING"
         duration = human_duration(output.duration_s) if output else ""
         rel = tree.relpath(path)
+        deep = f"  (depth {depth})" if depth > MAX_TREE_INDENT else ""
         if path in shown:
-            print(f"{lead}{branch}{rel}  (see above)")
+            print(f"{lead}{branch}{rel}  (see above){deep}")
             continue
         shown.add(path)
-        print(f"{lead}{branch}{rel}  [{status}] {duration}".rstrip())
+        print(f"{lead}{branch}{rel}  [{status}] {duration}".rstrip() + deep)
         kids = children[path]
         extension = "   " if branch in ("", "└─ ") else "│  "
+        kids_lead = lead + (extension if branch and depth < MAX_TREE_INDENT else "")
         for index in reversed(range(len(kids))):
             last = index == len(kids) - 1
-            stack.append((kids[index], lead + (extension if branch else ""), "└─ " if last else "├─ "))
+            stack.append((kids[index], kids_lead, "└─ " if last else "├─ ", depth + 1))
     return 0
+
+
+MAX_TREE_INDENT = 20
+"""Levels of `marin tree` indentation; deeper steps are drawn at this one, with their depth."""
 
 
 # -- why / diff -------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """`marin tree` on DAGs of any shape: a chain thousands of steps deep is drawn, not a
-RecursionError, and an ordinary DAG is drawn exactly as before.
+RecursionError nor half a million spaces, and an ordinary DAG is drawn exactly as before.
 
 Found by a red-team pass (a 1,500-step dependency chain). The trees are written by real
 executor runs of the step function below.
@@ -55,7 +55,13 @@ def test_a_chain_thousands_of_steps_deep_is_drawn(tmp_path, capsys):
     assert len(lines) == 1500
     assert lines[0] == "chain/0  [SUCCESS]"
     assert lines[1] == "└─ chain/1  [SUCCESS]"
-    assert lines[-1] == "   " * 1498 + "└─ chain/1499  [SUCCESS]"
+    # Indented up to MAX_TREE_INDENT levels, then drawn at that one with the depth said:
+    # the output grows with the number of steps, not with their square.
+    assert lines[20] == "   " * 19 + "└─ chain/20  [SUCCESS]"
+    assert lines[21] == lines[-1].replace("1499", "21") == "   " * 19 + "└─ chain/21  [SUCCESS]"
+    raw = out.splitlines()[1:]
+    assert "(depth" not in raw[20] and raw[21].endswith("  (depth 21)") and raw[-1].endswith("  (depth 1499)")
+    assert max(len(line) for line in raw) < 150 and len(out) < 1500 * 150
 
 
 def test_a_dag_with_branches_and_shared_steps_is_drawn_as_before(tmp_path, capsys):
