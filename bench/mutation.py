@@ -161,7 +161,30 @@ _CACHE_KEY = (
 )
 _UTF8_DEFAULT = "unquote decodes UTF-8 by default"
 
+_WALK_CACHE = (
+    "the per-class verdicts are kept only for speed: without them each is worked out again, the same"
+)
+_TOO_DEEP_FIRST = (
+    "depth only decides the too-deep refusal, which map_markers (same MAX_DEPTH, same counting) "
+    "made in _collect before this walk"
+)
+
 EQUIVALENT: dict[tuple[str, str], str] = {
+    ("_encode_mapped", "walk = None"): _WALK_CACHE,
+    ("_encode_mapped", "walk = _DATACLASS_WALKS.get(None)"): _WALK_CACHE,
+    (
+        "_encode_mapped",
+        "return encode(obj, path, None, depth)",
+    ): "strict is only tested for truth: None as False",
+    ("_encode_mapped", "return encode(obj, path, False, )"): _TOO_DEEP_FIRST,
+    ("_encode_mapped", "return encode(on_marker(obj, path, depth), None, False, depth)"): (
+        "the path only names a field in an error, and a marker's value raises none here: a path "
+        "string, or a versioned value that _VersionBuilder.add encoded strictly already"
+    ),
+    ("encode_mapped", 'return _encode_mapped(obj, on_marker, "", 0, [True])'): (
+        "the flag is set afresh at each dataclass and read only after its fields: its first value is never read"
+    ),
+    ("_holds_marker", "found.append(None)"): "only whether anything was found is read",
     ("PrefixGuard._real", 'key = "XX/XX".join(parts[: index + 1])'): _CACHE_KEY,
     (
         "_sample_key",

@@ -203,6 +203,14 @@ def configs() -> dict[str, object]:
     }
 
 
+@pytest.fixture(autouse=True)
+def walked_afresh(monkeypatch):
+    """Each test works out afresh which classes are rebuilt as they are: the verdicts are kept
+    per class for the process, so without this only the first test to meet a class would
+    exercise the check (and a mutation test run, whose tests share a process, none)."""
+    monkeypatch.setattr(executor.walker, "_DATACLASS_WALKS", {})
+
+
 BUILT_AT_ONCE = {
     "a __post_init__",
     "a __post_init__ around a dataclass holding a marker",
@@ -329,3 +337,38 @@ def test_threads_reading_a_lazy_config_at_once_all_get_the_one_that_is_kept(tmp_
         assert all(config == seen[0] for config in seen)
         assert all(resolved.config is resolved.config for _ in range(2))
         assert dataclasses.asdict(resolved.config)["inputs"] == list(resolved.blocking_deps)
+
+
+def test_a_dict_whose_keys_collide_when_encoded_is_refused_naming_its_field(tmp_path, monkeypatch):
+    """Keys 1 and "1" both encode as "1": the digest cannot tell them apart, so the config is
+    refused in `resolve`, naming the field, whether or not the config is built there."""
+    config = Outer(output_path=this_output_path(), inner=Inner("x"), inputs=[], by_name={1: "a", "1": "b"})
+    messages = []
+    for patch in (None, monkeypatch):
+        with pytest.raises(StepDefinitionError) as caught:
+            _ = resolve_config(config, tmp_path, patch).config_digest
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("step 'step': config field 'by_name': dict keys collide"), messages[0]
+
+
+def test_a_placeholder_in_an_init_false_field_of_the_config_itself_names_the_field(tmp_path):
+    declared = WithDerivedField("/fixed")
+    object.__setattr__(declared, "derived", this_output_path())
+    with pytest.raises(StepDefinitionError) as caught:
+        resolve_config(declared, tmp_path)
+    assert "config field 'derived' has init=False" in str(caught.value), str(caught.value)
+
+
+def test_a_dataclass_without_an_init_of_its_own_fails_as_it_did(tmp_path, monkeypatch):
+    """`@dataclass(init=False)` with no `__init__`: rebuilding it cannot pass its fields."""
+
+    @dataclass(init=False)
+    class NoInit:
+        output_path: str
+
+    declared = NoInit()
+    declared.output_path = this_output_path()
+    for patch in (None, monkeypatch):
+        with pytest.raises(TypeError):
+            _ = resolve_config(declared, tmp_path, patch).config

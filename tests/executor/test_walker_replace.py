@@ -7,8 +7,10 @@ import dataclasses
 from dataclasses import InitVar, dataclass, field
 from typing import ClassVar
 
+import pytest
+
 from executor import ExecutorStep, output_path_of, this_output_path, versioned
-from executor.graph import resolve
+from executor.graph import StepDefinitionError, resolve
 
 POST_INIT_CALLS: list[str] = []
 
@@ -64,3 +66,21 @@ def test_a_config_with_classvar_and_initvar_fields_is_rebuilt_as_replace_does(tm
     # As dataclasses.replace: an InitVar not given again takes its default.
     expected = dataclasses.replace(declared, input_path=config.input_path, output_path=config.output_path)
     assert config == expected and config.scaled == 20
+
+
+@dataclass(frozen=True)
+class NeedsScale:
+    output_path: str
+    scale: InitVar[int]
+    scaled: int = field(default=0, init=False)
+
+    def __post_init__(self, scale):
+        object.__setattr__(self, "scaled", scale * 2)
+
+
+def test_an_initvar_without_a_default_is_refused_naming_the_step_and_the_initvar(tmp_path):
+    """`dataclasses.replace` cannot rebuild it (the value given to `__init__` is not kept);
+    the constructor without `replace` would fail with a bare TypeError instead."""
+    step = ExecutorStep(name="scaled", fn=_noop, config=NeedsScale(this_output_path(), 3))
+    with pytest.raises(StepDefinitionError, match=r"step 'scaled': InitVar 'scale' must be specified"):
+        resolve([step], str(tmp_path))
