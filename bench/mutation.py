@@ -169,6 +169,12 @@ _TOO_DEEP_FIRST = (
     "made in _collect before this walk"
 )
 
+_MARKER_VALUE = (
+    "builder.concrete reads neither the path nor the depth, and a marker's value is a path string "
+    "or a versioned value that _VersionBuilder.add encoded strictly at the same depth: strict or "
+    "not, the same encoding, and never too deep"
+)
+
 EQUIVALENT: dict[tuple[str, str], str] = {
     ("_encode_mapped", "walk = None"): _WALK_CACHE,
     ("_encode_mapped", "walk = _DATACLASS_WALKS.get(None)"): _WALK_CACHE,
@@ -185,6 +191,32 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "the flag is set afresh at each dataclass and read only after its fields: its first value is never read"
     ),
     ("_holds_marker", "found.append(None)"): "only whether anything was found is read",
+    ("encode_mapped", "return _encode_mapped(obj, on_marker, None, 0, [False])"): (
+        "the root's path is only tested for truth (None as ''), except under a root list, which "
+        "no step's config is (validate_declaration)"
+    ),
+    **{
+        ("_encode_mapped", line): _MARKER_VALUE
+        for line in (
+            "return encode(on_marker(obj, path, depth), path, None, depth)",
+            "return encode(on_marker(obj, path, depth), False, depth)",
+            "return encode(on_marker(obj, path, depth), path, depth)",
+            "return encode(on_marker(obj, path, depth), path, False, )",
+            "return encode(on_marker(obj, None, depth), path, False, depth)",
+            "return encode(on_marker(obj, path, None), path, False, depth)",
+            "return encode(on_marker(obj, path, depth), path, True, depth)",
+        )
+    },
+    ("_encode_mapped", 'item = _encode_mapped(item, on_marker, f"{path}[{index}]", depth - 1, state)'): (
+        "a smaller depth refuses less, and map_markers refused whatever is too deep before this walk"
+    ),
+    ("_encode_mapped", "text = encode_key(key, None, out, path, False)"): (
+        "the mapping only rides on the error (UnencodableValueError.value), never in its message"
+    ),
+    (
+        "_encode_mapped",
+        "text = encode_key(key, obj, out, path, None)",
+    ): "strict is only tested for truth: None as False",
     ("PrefixGuard._real", 'key = "XX/XX".join(parts[: index + 1])'): _CACHE_KEY,
     (
         "_sample_key",
@@ -1058,13 +1090,13 @@ def main(argv: list[str] | None = None) -> int:
                     run_direct(workdir, target, todo, args.max_children, args.direct_timeout)
                 elif todo:
                     finished = run_mutmut(workdir, args.max_children, args.timeout, log, todo)
-            elif args.sample == 1 and not reuse:
-                prepare(workdir, commit, target)
-                finished = run_mutmut(workdir, args.max_children, args.timeout, log)
             else:
                 prepare(workdir, commit, target, reuse=reuse)
                 # Generate the mutants (only those of changed functions, when reusing) and learn
-                # which tests reach what; mutmut then stops with "nothing matches".
+                # which tests reach what; mutmut then stops with "nothing matches". (Also without
+                # a sample: on a fresh copy, mutmut 3.8's stats run in the process that has just
+                # generated the mutants failed to import `tests.executor` from its conftest, and
+                # the whole run ended after 5 s with nothing tested; a second `mutmut run` works.)
                 run_mutmut(workdir, args.max_children, args.timeout, log, ["no-such-mutant"])
                 earlier = collect(workdir, name, commit, args.sample)
                 todo = earlier.unchecked + (earlier.survived + earlier.no_tests if reuse else [])

@@ -78,6 +78,25 @@ class AroundPlain:
 
 
 @dataclass(frozen=True)
+class AroundList:
+    """A `__post_init__` reading a list whose items are placeholders."""
+
+    paths: list
+    first: str = ""
+
+    def __post_init__(self):
+        if isinstance(self.paths[0], str):
+            object.__setattr__(self, "first", self.paths[0][-8:])
+
+
+def nested(levels: int, bottom: object) -> object:
+    """`bottom` inside `levels` containers, lists and dicts in turn."""
+    for level in range(levels):
+        bottom = [bottom] if level % 2 else {"k": bottom}
+    return bottom
+
+
+@dataclass(frozen=True)
 class WithDerivedField:
     output_path: str
     derived: str = field(default="unset", init=False)
@@ -172,6 +191,18 @@ def configs() -> dict[str, object]:
             inputs=[AroundPlain(Inner(output_path_of(up)))],
             by_name={},
         ),
+        "a __post_init__ around a list of markers": Outer(
+            output_path=this_output_path(),
+            inner=Inner("x"),
+            inputs=[AroundList([output_path_of(up)]), AroundList([{"in": output_path_of(other)}])],
+            by_name={},
+        ),
+        "containers 90 deep, a set and a marker at the bottom": Outer(
+            output_path=this_output_path(),
+            inner=Inner("x"),
+            inputs=[nested(90, frozenset({"a"})), nested(90, output_path_of(up))],
+            by_name={("tuple", "key"): "recorded by its repr", None: "null"},
+        ),
         "an init=False field": WithDerivedField(output_path=this_output_path()),
         "an init=False field, no marker inside": Outer(
             output_path=this_output_path(), inner=Inner("x"), inputs=[WithDerivedField("/fixed")], by_name={}
@@ -213,6 +244,7 @@ def walked_afresh(monkeypatch):
 
 BUILT_AT_ONCE = {
     "a __post_init__",
+    "a __post_init__ around a list of markers",
     "a __post_init__ around a dataclass holding a marker",
     "an init=False field",
     "an __init__ of its own",
@@ -342,14 +374,21 @@ def test_threads_reading_a_lazy_config_at_once_all_get_the_one_that_is_kept(tmp_
 def test_a_dict_whose_keys_collide_when_encoded_is_refused_naming_its_field(tmp_path, monkeypatch):
     """Keys 1 and "1" both encode as "1": the digest cannot tell them apart, so the config is
     refused in `resolve`, naming the field, whether or not the config is built there."""
-    config = Outer(output_path=this_output_path(), inner=Inner("x"), inputs=[], by_name={1: "a", "1": "b"})
-    messages = []
-    for patch in (None, monkeypatch):
-        with pytest.raises(StepDefinitionError) as caught:
-            _ = resolve_config(config, tmp_path, patch).config_digest
-        messages.append(str(caught.value))
-    assert messages[0] == messages[1]
-    assert messages[0].startswith("step 'step': config field 'by_name': dict keys collide"), messages[0]
+    for by_name, field_path in [
+        ({1: "a", "1": "b"}, "by_name"),
+        ({"outer": [{"x": {True: 1, "true": 2}}]}, "by_name.outer[0].x"),
+    ]:
+        config = Outer(output_path=this_output_path(), inner=Inner("x"), inputs=[], by_name=by_name)
+        messages = []
+        with monkeypatch.context() as patch:
+            for patched in (None, patch):
+                with pytest.raises(StepDefinitionError) as caught:
+                    _ = resolve_config(config, tmp_path, patched).config_digest
+                messages.append(str(caught.value))
+        assert messages[0] == messages[1]
+        assert messages[0].startswith(f"step 'step': config field '{field_path}': dict keys collide"), (
+            messages
+        )
 
 
 def test_a_placeholder_in_an_init_false_field_of_the_config_itself_names_the_field(tmp_path):
