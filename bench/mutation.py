@@ -217,6 +217,44 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "_encode_mapped",
         "text = encode_key(key, obj, out, path, None)",
     ): "strict is only tested for truth: None as False",
+    **{
+        (
+            "_encode_mapped",
+            line,
+        ): "a smaller depth refuses less, and map_markers refused whatever is too deep before this walk"
+        for line in (
+            'value = _encode_mapped(value, on_marker, f"{path}.{text}" if path else text, depth - 1, state)',
+            "depth -= 1",
+            "return UNBUILT if _holds_marker(obj) else encode(obj, path, False, )",
+        )
+    },
+    (
+        "_encode_mapped",
+        'value = _encode_mapped(value, on_marker, f"{path}.{text}" if (path) or True else text, depth + 1, state)',
+    ): ("a dict is never the root (a step's config is a dataclass): its path is never empty"),
+    ("_encode_mapped", "dataclasses.is_dataclass(obj) or not isinstance(obj, type)"): (
+        "_holds_marker is False for anything but a container or a dataclass (map_markers returns "
+        "other objects as they are, and leaves sets unchanged): the same encode follows, later"
+    ),
+    ("_encode_mapped", "return UNBUILT if _holds_marker(obj) else encode(obj, path, None, depth)"): (
+        "strict is only tested for truth: None as False"
+    ),
+    **{
+        ("_encode_mapped", line): (
+            "a fast path: a field whose type is not known to be a leaf or a marker goes through "
+            "_encode_mapped, which returns the same"
+        )
+        for line in (
+            "value_kind = None",
+            "value_kind = type(None)",
+            "if value_kind is str or value_kind is int or value_kind is bool and value is None:",
+            "if value_kind is str or value_kind is int and value_kind is bool or value is None:",
+        )
+    },
+    **{
+        ("_encode_mapped", line): _MARKER_VALUE
+        for line in ("value = on_marker(value, None, depth)", "value = on_marker(value, child, None)")
+    },
     ("PrefixGuard._real", 'key = "XX/XX".join(parts[: index + 1])'): _CACHE_KEY,
     (
         "_sample_key",

@@ -220,7 +220,7 @@ def configs() -> dict[str, object]:
             by_name={},
         ),
         "a namedtuple without markers": Outer(
-            output_path=this_output_path(), inner=Inner("x"), inputs=[Pair(1, 2), PathList([3])], by_name={}
+            output_path=this_output_path(), inner=Inner("x"), inputs=[Pair(len, 2), PathList([3])], by_name={}
         ),
         "a dataclass that is also a string": Outer(
             output_path=this_output_path(), inner=Inner("x"), inputs=[Tag("tagged")], by_name={}
@@ -377,6 +377,8 @@ def test_a_dict_whose_keys_collide_when_encoded_is_refused_naming_its_field(tmp_
     for by_name, field_path in [
         ({1: "a", "1": "b"}, "by_name"),
         ({"outer": [{"x": {True: 1, "true": 2}}]}, "by_name.outer[0].x"),
+        ({"nested": Outer("/o", Inner("i"), [], {None: 1, "null": 2})}, "by_name.nested.by_name"),
+        ({"pair": Pair({1.0: "a", "1.0": "b"}, 0)}, "by_name.pair[0]"),
     ]:
         config = Outer(output_path=this_output_path(), inner=Inner("x"), inputs=[], by_name=by_name)
         messages = []
@@ -411,3 +413,13 @@ def test_a_dataclass_without_an_init_of_its_own_fails_as_it_did(tmp_path, monkey
     for patch in (None, monkeypatch):
         with pytest.raises(TypeError):
             _ = resolve_config(declared, tmp_path, patch).config
+
+
+def test_a_dataclass_that_is_also_a_string_cannot_hold_a_placeholder(tmp_path, monkeypatch):
+    """Rebuilding it calls `str.__new__` with its fields: a TypeError in `resolve`, both ways."""
+    declared = Tag("tagged")
+    object.__setattr__(declared, "note", this_output_path())
+    config = Outer(output_path="/o", inner=Inner("x"), inputs=[declared], by_name={})
+    for patch in (None, monkeypatch):
+        with pytest.raises(TypeError):
+            resolve_config(config, tmp_path, patch)
