@@ -241,14 +241,16 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ),
     **{
         ("_encode_mapped", line): (
-            "a fast path: a field whose type is not known to be a leaf or a marker goes through "
-            "_encode_mapped, which returns the same"
+            "a fast path: a field (or a marker's value) not known to be a leaf goes through "
+            "_encode_mapped (or encode), which returns the same"
         )
         for line in (
             "value_kind = None",
             "value_kind = type(None)",
             "if value_kind is str or value_kind is int or value_kind is bool and value is None:",
             "if value_kind is str or value_kind is int and value_kind is bool or value is None:",
+            "if not (value_kind is str or value_kind is int or value_kind is bool and value is None):",
+            "if not (value_kind is str or value_kind is int and value_kind is bool or value is None):",
         )
     },
     **{
