@@ -250,6 +250,8 @@ EQUIVALENT: dict[tuple[str, str], str] = {
             "if value_kind is str or value_kind is int or value_kind is bool and value is None:",
             "if value_kind is str or value_kind is int and value_kind is bool or value is None:",
             "if not (value_kind is str or value_kind is int or value_kind is bool and value is None):",
+            "if not (value_kind is str and value_kind is int or value_kind is bool or value is None):",
+            "if value_kind is str and value_kind is int or value_kind is bool or value is None:",
             "if not (value_kind is str or value_kind is int and value_kind is bool or value is None):",
         )
     },
