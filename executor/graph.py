@@ -151,7 +151,8 @@ class ResolvedStep:
 
     output_path: str
     config: Any
-    """The config with every placeholder replaced by a concrete path (what `fn` gets)."""
+    """The config with every placeholder replaced by a concrete path (what `fn` gets). Built on
+    first read where `resolve` could digest it without building it (`_config_or_digest`)."""
 
     blocking_deps: tuple[str, ...]
     """Output paths of the upstream steps this one waits for."""
