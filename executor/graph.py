@@ -183,8 +183,8 @@ class ResolvedStep:
     def _encode_config(self) -> Any:
         try:
             return encode(self.config, strict=False)
-        except UnencodableValueError as error:  # only a value nested too deeply (in a set)
-            raise StepDefinitionError(f"step {self.name!r}: config {error}") from None
+        except UnencodableValueError as error:
+            raise _unencodable_config(self.name, error) from None
 
     @property
     def fn_name(self) -> str:
@@ -595,11 +595,17 @@ def _config_or_digest(step: ExecutorStep, builder: _VersionBuilder, has_markers:
         return {"config": step.config}
     try:
         encoded = encode_mapped(step.config, builder.concrete)
-    except UnencodableValueError as error:  # as `ResolvedStep._encode_config` says it
-        raise StepDefinitionError(f"step {step.name!r}: config {error}") from None
+    except UnencodableValueError as error:
+        raise _unencodable_config(step.name, error) from None
     if encoded is UNBUILT:
         return {"config": _concrete_config(step, builder)}
     return {"config_digest": sha256_hex(canonical_json(encoded)), "_builder": builder}
+
+
+def _unencodable_config(name: str, error: UnencodableValueError) -> StepDefinitionError:
+    """A config the lenient encoder refuses: nested too deeply (in a set), or a dict whose keys
+    collide once encoded as strings."""
+    return StepDefinitionError(f"step {name!r}: config {error}")
 
 
 def _concrete_config(step: ExecutorStep, builder: _VersionBuilder) -> Any:

@@ -291,7 +291,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     # steps, past Python's recursion limit. Children are pushed last first, so they are drawn
     # in order, each one's subtree before the next.
     # Below MAX_TREE_INDENT levels the indentation stops growing (a chain 1,000 steps deep
-    # would print half a million spaces) and each line says its depth instead.
+    # printed 1.5 MB, almost all of it spaces) and each line says its depth instead.
     stack: list[tuple[str, str, str, int]] = [(root, "", "", 0) for root in reversed(roots)]
     while stack:
         path, lead, branch, depth = stack.pop()

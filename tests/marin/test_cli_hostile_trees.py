@@ -1,5 +1,5 @@
 """`marin tree` on DAGs of any shape: a chain thousands of steps deep is drawn, not a
-RecursionError nor half a million spaces, and an ordinary DAG is drawn exactly as before.
+RecursionError nor megabytes of spaces, and an ordinary DAG is drawn exactly as before.
 
 Found by a red-team pass (a 1,500-step dependency chain). The trees are written by real
 executor runs of the step function below.
