@@ -112,6 +112,13 @@ WORKER_START_DELAY_S = 0.005
 QUEUE_AHEAD = 2
 """Steps queued for the workers beyond one per idle worker."""
 
+SIGNAL_CHECK_INTERVAL_S = 0.2
+"""The longest the main thread waits for a report at a time. Python runs signal handlers
+(Ctrl-C, SIGTERM) in the main thread only, and the kernel may deliver a signal to any
+thread: one taken by another thread left the main thread blocked on the report queue, and
+the run going on, until some step reported (seen in tests: a SIGINT unanswered for 30 s,
+until the test let its step go on)."""
+
 
 @contextlib.contextmanager
 def _second_ctrl_c_deferred():
@@ -181,6 +188,13 @@ class Runner:
         self._workers = 0
         self._queued: collections.deque[float] = collections.deque()
         self._stop = threading.Event()
+        # One lock per dispatched step, held by the main thread while it records the step as
+        # stopped (`_interrupt`) and by the step's worker while it checks `_stop` and writes
+        # RUNNING, and while it confirms its lease and writes the final status. Without it, a
+        # worker still in a step's bookkeeping (its config is built on first read) wrote
+        # RUNNING after the main thread's FAILED "interrupted" and started the step, and a
+        # step finishing as the run stopped could get "interrupted" after its SUCCESS.
+        self._step_locks: dict[str, threading.Lock] = {}
         self.run_record: dict[str, Any] = {}
 
     # -- main thread ----------------------------------------------------------
@@ -307,11 +321,26 @@ class Runner:
             except Exception:
                 logger.exception("could not stop %s", path)
         for path in running:
-            if self.leases.holds(path) or self._reclaim_unfinished(path):
-                try:
-                    append_status(self.store, path, Status.FAILED, "interrupted", self.leases.worker_id)
-                finally:
-                    self.leases.release(path)
+            with self._step_locks.setdefault(path, threading.Lock()):  # (set by `_dispatch`)
+                if self.leases.holds(path) or self._reclaim_unfinished(path):
+                    self._record_interrupted(path)
+
+    def _record_interrupted(self, path: str) -> None:
+        try:
+            append_status(self.store, path, Status.FAILED, "interrupted", self.leases.worker_id)
+        finally:
+            self.leases.release(path)
+
+    def _mark_running(self, path: str, message: str | None) -> bool:
+        """Append RUNNING to `path`'s status, unless the run was stopped: then (False) the
+        step is recorded as `_interrupt` records it, if its lease is still ours, and not run."""
+        with self._step_locks[path]:
+            if not self._stop.is_set():
+                append_status(self.store, path, Status.RUNNING, message, self.leases.worker_id)
+                return True
+            if self.leases.holds(path):  # taken after the main thread recorded the stopped steps
+                self._record_interrupted(path)
+            return False
 
     def _reclaim_unfinished(self, path: str) -> bool:
         """Take the lease back from a heavy step's killed process, unless it finished first."""
@@ -333,6 +362,7 @@ class Runner:
         1,000 trivial steps), while steps that wait on I/O or on a process get a thread each
         within milliseconds.
         """
+        self._step_locks[row.output_path] = threading.Lock()
         with self._pool_lock:
             self._queued.append(time.monotonic())
             start = self._workers == 0
@@ -350,9 +380,10 @@ class Runner:
 
     def _until_next_worker(self) -> float | None:
         """How long the main thread may wait for a report before it must check whether the
-        oldest queued step still waits for a worker (None: no step waits, or no worker may start)."""
+        oldest queued step still waits for a worker, or run a signal's handler."""
         with self._pool_lock:
-            return self._worker_due_in()
+            due = self._worker_due_in()
+        return SIGNAL_CHECK_INTERVAL_S if due is None else min(due, SIGNAL_CHECK_INTERVAL_S)
 
     def _start_worker_if_starved(self) -> None:
         with self._pool_lock:
@@ -487,7 +518,7 @@ class Runner:
             )
 
     def _run_holding_lease(self, row: PlannedStep) -> tuple[Outcome, str]:
-        step, path, worker = row.step, row.output_path, self.leases.worker_id
+        step, path = row.step, row.output_path
         start = time.time()
         error: BaseException | None = None
         dispatch = None
@@ -500,7 +531,8 @@ class Runner:
             error = self._ensure_mirrors(row)
         if error is None and dispatch.get("hosted"):
             return self._run_hosted(row, dispatch)
-        append_status(self.store, path, Status.RUNNING, None, worker)
+        if not self._mark_running(path, None):
+            return Outcome.INTERRUPTED, "interrupted"
         with capture_step_log(self.store, path) as log:
             self.emit(StepStarted(row.name, path, log_path=log))
             if error is not None:
@@ -515,10 +547,29 @@ class Runner:
                     error = caught
                     traceback.print_exc()
         duration = time.time() - start
+        with self._step_locks[path]:  # not between `_interrupt`'s check of the lease and its write
+            outcome, message = self._record_result(row, error, duration)
+        self._emit_result(row, outcome, message, duration, log)
+        return outcome, message
+
+    def _emit_result(
+        self, row: PlannedStep, outcome: Outcome, message: str, duration: float, log: str
+    ) -> None:
+        if outcome == Outcome.SUCCEEDED:
+            self.emit(StepSucceeded(row.name, row.output_path, duration=duration))
+        elif outcome != Outcome.INTERRUPTED:  # the run is over: nothing left to tell
+            kind = Outcome.LOST.value if outcome == Outcome.LOST else "error"
+            self.emit(StepFailed(row.name, row.output_path, kind=kind, error=message, log_path=log))
+
+    def _record_result(
+        self, row: PlannedStep, error: BaseException | None, duration: float
+    ) -> tuple[Outcome, str]:
+        """Write the final status of a step run in this driver, if its lease is still ours."""
+        step, path, worker = row.step, row.output_path, self.leases.worker_id
         if self.leases.was_lost(path) or not self.leases.confirm(path):
-            message = "lease lost to another driver while the step ran; not marking it successful"
-            self.emit(StepFailed(row.name, path, kind=Outcome.LOST.value, error=message, log_path=log))
-            return Outcome.LOST, message
+            if self._stop.is_set():  # `_interrupt` recorded it and released the lease
+                return Outcome.INTERRUPTED, "interrupted"
+            return Outcome.LOST, "lease lost to another driver while the step ran; not marking it successful"
         if error is not None:
             message = (
                 str(error)
@@ -529,7 +580,6 @@ class Runner:
                 append_status(self.store, path, Status.FAILED, message, worker, duration_s=round(duration, 3))
             finally:
                 self.leases.release(path)
-            self.emit(StepFailed(row.name, path, kind="error", error=message, log_path=log))
             return Outcome.FAILED, message
         try:
             append_status(
@@ -544,7 +594,6 @@ class Runner:
             )
         finally:
             self.leases.release(path)
-        self.emit(StepSucceeded(row.name, path, duration=duration))
         return Outcome.SUCCEEDED, ""
 
     def _ensure_mirrors(self, row: PlannedStep) -> MirrorError | None:
@@ -580,7 +629,8 @@ class Runner:
             message = None if attempt == 1 else f"attempt {attempt} of {self.max_retries + 1}"
             if attempt > 1:  # the lost attempt may have been killed in the middle of a write
                 self._remove_leftovers(row)
-            append_status(self.store, path, Status.RUNNING, message, worker)
+            if not self._mark_running(path, message):
+                return Outcome.INTERRUPTED, "interrupted"
             handed = self.leases.hand_over(path)
             if handed is None:
                 error = "lease lost to another driver before the step started"
@@ -618,27 +668,35 @@ class Runner:
             if outcome in ("lost", "not_started"):
                 self.emit(StepFailed(row.name, path, kind=Outcome.LOST.value, error=error, log_path=log))
                 return Outcome.LOST, error
-            if self._stop.is_set():  # interrupted: the main thread records it (`_interrupt`)
-                return Outcome.INTERRUPTED, "interrupted"
-            # The process died without a result: it may still have recorded one.
-            last = read_last_status(self.store, path)
-            if last is not None and last.status == Status.SUCCESS:
-                self.emit(StepSucceeded(row.name, path, duration=time.time() - start))
-                return Outcome.SUCCEEDED, ""
-            if not self.leases.reclaim(path):
-                error = f"{error}; and another driver holds the lease now"
-                self.emit(StepFailed(row.name, path, kind=Outcome.LOST.value, error=error, log_path=log))
-                return Outcome.LOST, error
-            if outcome == "cancelled" or attempt > self.max_retries:
-                why = error if outcome == "cancelled" else f"{error} (after {attempt} attempts)"
-                try:
-                    append_status(self.store, path, Status.FAILED, why, worker)
-                finally:
-                    self.leases.release(path)
-                self.emit(StepFailed(row.name, path, kind="error", error=why, log_path=log))
-                return Outcome.FAILED, why
+            with self._step_locks[path]:  # not between `_interrupt`'s check of the lease and its write
+                verdict = self._after_lost_process(row, outcome, error, attempt)
+            if verdict is not None:
+                self._emit_result(row, *verdict, time.time() - start, log)
+                return verdict
             logger.warning("step %s: %s; submitting it again (attempt %d)", row.name, error, attempt + 1)
             attempt += 1
+
+    def _after_lost_process(
+        self, row: PlannedStep, outcome: str, error: str, attempt: int
+    ) -> tuple[Outcome, str] | None:
+        """A heavy step's process ended without a result (`outcome`: cancelled, or lost): what
+        it recorded itself, or FAILED written here, or None to submit it again."""
+        path = row.output_path
+        if self._stop.is_set():  # interrupted: the main thread records it (`_interrupt`)
+            return Outcome.INTERRUPTED, "interrupted"
+        last = read_last_status(self.store, path)  # the process may still have recorded one
+        if last is not None and last.status == Status.SUCCESS:
+            return Outcome.SUCCEEDED, ""
+        if not self.leases.reclaim(path):
+            return Outcome.LOST, f"{error}; and another driver holds the lease now"
+        if outcome == "cancelled" or attempt > self.max_retries:
+            why = error if outcome == "cancelled" else f"{error} (after {attempt} attempts)"
+            try:
+                append_status(self.store, path, Status.FAILED, why, self.leases.worker_id)
+            finally:
+                self.leases.release(path)
+            return Outcome.FAILED, why
+        return None
 
 
 def _never_raising(emit: Callable[[Any], None]) -> Callable[[Any], None]:

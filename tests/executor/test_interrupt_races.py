@@ -1,0 +1,227 @@
+"""Ctrl-C (or SIGTERM) while a worker thread is still in a step's bookkeeping, before the step
+is marked RUNNING: the step must end FAILED "interrupted" with no lease, and its function must
+not start. Deterministic: the worker is held at the point of the race until the main thread
+has recorded the stopped steps (a fresh-clone CI run once caught the RUNNING line written
+after the FAILED one, when the worker was slower than the interrupt)."""
+
+import os
+import signal
+import threading
+
+import pytest
+
+from executor import Executor, ExecutorStep, this_output_path, versioned
+from executor.backends import Backend
+from executor.lease import LeaseManager
+from executor.tree import Status, lease_path, read_status
+from tests.executor.steps_for_tests import WriteConfig
+
+
+def interrupted_run(tmp_path, hold_in_worker, backend: Backend | None = None, step_waits_for=None):
+    """Run one step whose worker waits in `hold_in_worker(arrived, release)`; SIGINT the run
+    once the worker has arrived there, release it once the run has raised, and wait for the
+    worker to finish. The step function waits for `step_waits_for` (an Event), if given.
+    Returns (the step's status history, whether its function ran, the executor, its path)."""
+    arrived, release, ran = threading.Event(), threading.Event(), threading.Event()
+
+    def step_fn(config: WriteConfig) -> None:
+        ran.set()
+        if step_waits_for is not None:
+            step_waits_for.wait(timeout=30)
+
+    def interrupt_when_arrived() -> None:
+        if arrived.wait(timeout=30):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    hold_in_worker(arrived, release)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = set(threading.enumerate())
+    run = Executor(str(tmp_path), console=False, backend=backend)
+    helper = threading.Thread(target=interrupt_when_arrived)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run.run(
+                [
+                    ExecutorStep(
+                        name="held",
+                        fn=step_fn,
+                        config=WriteConfig(output_path=this_output_path(), value=versioned(1)),
+                    )
+                ]
+            )
+    finally:
+        release.set()
+        helper.join(timeout=30)
+        signal.signal(signal.SIGINT, previous)
+    for thread in set(threading.enumerate()) - before:  # the step's worker, released above
+        thread.join(timeout=30)
+        assert not thread.is_alive(), thread.name
+    path = run.output_paths[run.steps[0]]
+    return [(entry.status, entry.message) for entry in read_status(run.store, path)], ran.is_set(), run, path
+
+
+class HeldInPrepare(Backend):
+    """A backend whose `prepare` (called by the worker holding the step's lease, before the
+    step is marked RUNNING) waits to be released."""
+
+    def __init__(self):
+        self.arrived = self.release = None
+
+    def hold(self, arrived: threading.Event, release: threading.Event) -> None:
+        self.arrived, self.release = arrived, release
+
+    def prepare(self, step):
+        self.arrived.set()
+        assert self.release.wait(timeout=30)
+        return super().prepare(step)
+
+
+def test_a_step_stopped_between_its_lease_and_running_is_failed_and_never_started(tmp_path):
+    backend = HeldInPrepare()
+    history, ran, run, path = interrupted_run(tmp_path, backend.hold, backend=backend)
+    # The main thread recorded the step it found holding a lease; the worker, released
+    # afterwards, neither wrote RUNNING after that nor called the step function.
+    assert history == [(Status.FAILED, "interrupted")]
+    assert not ran
+    assert run.store.read_bytes(lease_path(path)) is None
+
+
+def test_a_lease_taken_after_the_interrupt_was_recorded_is_failed_and_released(tmp_path, monkeypatch):
+    # The worker is held just before it creates the step's lease, so the main thread finds
+    # no lease of ours: it takes the lease, records "interrupted" and releases it. The worker
+    # then takes the lease itself; it must record the step as stopped and release the lease,
+    # not leave it behind (which made the next run wait out the lease) nor run the step.
+    original = LeaseManager.try_acquire
+    gates: list[tuple[threading.Event, threading.Event]] = []
+
+    def held_try_acquire(self, output_path, expect_absent=False):
+        if threading.current_thread().name.startswith("step:") and gates:
+            arrived, release = gates.pop()
+            arrived.set()
+            assert release.wait(timeout=30)
+        return original(self, output_path, expect_absent=expect_absent)
+
+    monkeypatch.setattr(LeaseManager, "try_acquire", held_try_acquire)
+    history, ran, run, path = interrupted_run(
+        tmp_path, lambda arrived, release: gates.append((arrived, release))
+    )
+    assert not ran
+    assert [status for status, _ in history] == [Status.FAILED] * len(history)
+    assert {message for _, message in history} == {"interrupted"}
+    assert run.store.read_bytes(lease_path(path)) is None
+
+
+def hold_status_write(monkeypatch, status: Status):
+    """Make the worker's write of `status` wait (at most 1 s) until the step's next status
+    line is written by anyone; returns (the `hold_in_worker` for `interrupted_run`, an Event
+    set once a line after the held one was written)."""
+    import executor.runner as runner_module
+
+    original = runner_module.append_status
+    gates: list[tuple[threading.Event, threading.Event]] = []
+    written_after = threading.Event()
+    held = []
+
+    def held_append_status(store, path, written, *args, **kwargs):
+        if written == status and gates:
+            arrived, release = gates.pop()
+            held.append(release)
+            arrived.set()
+            release.wait(timeout=1)  # had the main thread waited for this write: 1 s late, in order
+            return original(store, path, written, *args, **kwargs)
+        original(store, path, written, *args, **kwargs)
+        if held:
+            written_after.set()
+            for release in held:
+                release.set()
+
+    monkeypatch.setattr(runner_module, "append_status", held_append_status)
+    return (lambda arrived, release: gates.append((arrived, release))), written_after
+
+
+def test_a_running_line_being_written_when_the_run_stops_comes_before_the_interrupted_one(
+    tmp_path, monkeypatch
+):
+    # The worker is inside its RUNNING write when the run is stopped. The main thread must
+    # wait for that write before it records the step as stopped: its FAILED line would wake
+    # the worker, and RUNNING would come last. The step function, then started, waits for
+    # the FAILED line, so that the step cannot finish first.
+    hold, written_after = hold_status_write(monkeypatch, Status.RUNNING)
+    history, _, run, path = interrupted_run(tmp_path, hold, step_waits_for=written_after)
+    assert history == [(Status.RUNNING, None), (Status.FAILED, "interrupted")]
+    assert run.store.read_bytes(lease_path(path)) is None
+
+
+def test_a_step_finishing_as_the_run_stops_stays_successful(tmp_path, monkeypatch):
+    # The worker is inside its SUCCESS write when the run is stopped: the main thread must
+    # not record the finished step as interrupted (it would be run again for nothing).
+    hold, _ = hold_status_write(monkeypatch, Status.SUCCESS)
+    history, ran, run, path = interrupted_run(tmp_path, hold)
+    assert ran
+    assert history == [(Status.RUNNING, None), (Status.SUCCESS, None)]
+    assert run.store.read_bytes(lease_path(path)) is None
+
+
+class ProcessEndsWithoutResult(Backend):
+    """Runs every step "hosted" (as a heavy step's process would be), and the process ends
+    without a result, as one cancelled or killed does."""
+
+    def prepare(self, step):
+        return {"hosted": True}
+
+    def call_hosted(self, step, dispatch, spec):
+        return {"outcome": "cancelled", "error": "the step's process was cancelled"}
+
+
+def test_a_heavy_step_recorded_failed_as_the_run_stops_is_not_recorded_again(tmp_path, monkeypatch):
+    # The worker, having taken the lease back from the step's ended process, is inside its
+    # FAILED write when the run is stopped: the main thread must wait for that write (and
+    # then find the step finished) rather than add "interrupted" under it.
+    hold, _ = hold_status_write(monkeypatch, Status.FAILED)
+    history, _, run, path = interrupted_run(tmp_path, hold, backend=ProcessEndsWithoutResult())
+    assert history == [(Status.RUNNING, None), (Status.FAILED, "the step's process was cancelled")]
+    assert run.store.read_bytes(lease_path(path)) is None
+
+
+def test_a_signal_delivered_to_a_worker_thread_still_stops_the_run(tmp_path):
+    # The kernel may hand a process's SIGINT (or SIGTERM) to any of its threads; Python then
+    # runs the handler in the main thread only once that thread wakes. The signal is sent to
+    # the step's own thread here: the run must stop while the step still runs, not when it
+    # finishes.
+    started, release, returned = threading.Event(), threading.Event(), threading.Event()
+    worker: list[int] = []
+
+    def blocks(config: WriteConfig) -> None:
+        worker.append(threading.get_ident())
+        started.set()
+        release.wait(timeout=30)
+        returned.set()
+
+    def interrupt_the_step_thread() -> None:
+        if started.wait(timeout=30):
+            signal.pthread_kill(worker[0], signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    run = Executor(str(tmp_path), console=False)
+    helper = threading.Thread(target=interrupt_the_step_thread)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run.run(
+                [
+                    ExecutorStep(
+                        name="blocks",
+                        fn=blocks,
+                        config=WriteConfig(output_path=this_output_path(), value=versioned(1)),
+                    )
+                ]
+            )
+        assert not returned.is_set()  # stopped while the step ran
+    finally:
+        release.set()
+        helper.join(timeout=30)
+        signal.signal(signal.SIGINT, previous)
+    path = run.output_paths[run.steps[0]]
+    history = [(entry.status, entry.message) for entry in read_status(run.store, path)]
+    assert history == [(Status.RUNNING, None), (Status.FAILED, "interrupted")]
