@@ -16,6 +16,12 @@ heartbeat thread finds the lease taken over, the runner stops waiting on that st
 once and reports it; the orphaned function may still finish, but it never writes
 SUCCESS.
 
+An interrupt (Ctrl-C, SIGTERM: raised in the main thread) stops the run: the main thread
+marks each running step FAILED "interrupted" and releases its lease. A per-step lock keeps
+that apart from the worker's own writes: a worker that finds the run stopped before it
+marks RUNNING does not start the step, and a step's final status, once being written, is
+not followed by "interrupted".
+
 The bookkeeping one step writes, and what each write is for. This is the least a
 crash-safe, exactly-once step needs; on local disk a step that prints nothing and runs
 shorter than the heartbeat interval makes exactly these writes:
