@@ -173,6 +173,16 @@ class ResolvedStep:
         return self._encode_config()
 
     @_computed_once
+    def config_as_recorded(self) -> tuple[Any, dict[str, str]]:
+        """`config_record` as `.executor_info` and the experiment manifest record it: without
+        class names, and the class names by field (`executor.tree.split_config_types`). Made
+        once: a cold run records it three times (its `.executor_info`, the manifest before
+        and after the run)."""
+        from executor.tree import split_config_types
+
+        return split_config_types(self.config_record)
+
+    @_computed_once
     def config_digest(self) -> str:
         """Hash of the whole concrete config, versioned or not (for the reuse warning)."""
         # The record is not kept for this: a cached re-run digests every step's config and

@@ -74,6 +74,12 @@ most this often; in between, a keeper that died is found by the broken pipe of t
 message. (Asking before every message cost a cold step two system calls.)"""
 
 
+BATCH_S = 0.01
+"""After handling the driver's messages, the keeper sleeps this long before it reads again,
+so that the messages of the next steps arrive in one read instead of waking it once each.
+A request (refresh, release, hand_over) waits at most this long for its answer."""
+
+
 class KeeperGone(RuntimeError):
     """The keeper process is not there any more (it died, or was never started)."""
 
@@ -255,6 +261,7 @@ class _Keeper:
         self.due: dict[str, float] = {}  # lease path -> when to refresh it (monotonic)
         self.refreshed: set[str] = set()  # leases we rewrote since the driver gave them to us
         self.pending = b""
+        self.handled = 0  # messages handled so far
 
     # messages
     def read_messages(self, block_for: float | None) -> bool:
@@ -278,6 +285,7 @@ class _Keeper:
             for line in lines:
                 if line.strip():
                     self.handle(json.loads(line))
+                    self.handled += 1
             timeout = 0.0
 
     def drain(self) -> bool:
@@ -412,8 +420,13 @@ class _Keeper:
             # sleeps until the driver writes.
             waits = [due - now for due in self.due.values()]
             wait = min([0.1, *waits]) if waits else None
+            handled = self.handled
             if not self.read_messages(wait):
                 return 0
+            if self.handled != handled:
+                # Let the driver's next messages gather in the pipe rather than wake this
+                # process for each (two a step: `hold`, `drop`).
+                time.sleep(BATCH_S)
             mono, wall = time.monotonic(), time.time()
             # We did not run for a while (the process group was stopped, the machine slept):
             # every lease may have been taken over meanwhile, so check them all now.

@@ -18,7 +18,7 @@ import sys
 from executor.fingerprint import canonical_json, sha256_hex
 from executor.graph import HASH_LENGTH, StepGraph, join_path
 from executor.store import Store
-from executor.tree import split_config_types, utc_now_iso
+from executor.tree import utc_now_iso
 
 TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def write_experiment_info(
                 "outcome": (outcomes or {}).get(step.output_path),
             }
             for step in graph.steps
-            for config, config_types in [split_config_types(step.config_record)]
+            for config, config_types in [step.config_as_recorded]
         ],
     }
     # Compact: the C encoder is ~3x faster than an indented dump on large experiments.

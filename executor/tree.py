@@ -472,7 +472,7 @@ def step_info_record(
     from executor.template import encode_template  # (only when a step's record is written)
 
     names = graph.names_by_path
-    config, config_types = split_config_types(step.config_record)
+    config, config_types = step.config_as_recorded
     return {
         "name": step.name,
         "fn_name": step.fn_name,
