@@ -71,7 +71,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from executor.backends import Backend, StepCancelled, StepFunctionError, UnsatisfiableError
+from executor.backends import Backend, StepCancelled, StepFunctionError, UnsatisfiableError, is_heavy
 from executor.events import (
     StepFailed,
     StepSkipped,
@@ -201,13 +201,17 @@ class Runner:
         # RUNNING after the main thread's FAILED "interrupted" and started the step, and a
         # step finishing as the run stopped could get "interrupted" after its SUCCESS.
         self._step_locks: dict[str, threading.Lock] = {}
+        # Steps a worker went on with (`_following_step`) that the main thread has not yet
+        # counted as running; `_continue_lock` orders that against an interrupt.
+        self._continued: set[str] = set()
+        self._continue_lock = threading.Lock()
         self.run_record: dict[str, Any] = {}
 
     # -- main thread ----------------------------------------------------------
     def lease_lost(self, output_path: str) -> None:
         """Called by the heartbeat thread: the step must not write again, so its process (on a
         backend that runs steps in processes) is stopped."""
-        self._messages.put(("lost", output_path, None))
+        self._messages.put(("lost", output_path, None, None))
         try:
             self.backend.cancel(output_path)
         except Exception:  # the step then fails to confirm its lease instead
@@ -225,6 +229,12 @@ class Runner:
             for dep in deps:
                 dependents[dep].append(path)
         ready = [path for path, deps in blockers.items() if not deps]
+        self._todo, self._blockers, self._dependents, self._outcomes = (
+            todo,
+            blockers,
+            dependents,
+            summary.outcomes,
+        )
         if todo:
             with streams_wrapped():  # one tee for the whole run, not one per step
                 self._schedule(todo, blockers, dependents, ready, summary)
@@ -250,10 +260,14 @@ class Runner:
                     running.add(path)
                     self._dispatch(todo[path])
                 try:
-                    kind, path, payload = self._messages.get(timeout=self._until_next_worker())
+                    kind, path, payload, continued = self._messages.get(timeout=self._until_next_worker())
                 except queue.Empty:  # a step has waited WORKER_START_DELAY_S for a worker
                     self._start_worker_if_starved()
                     continue
+                if continued is not None:  # the worker went on with it: running from now on
+                    running.add(continued)  # (before the discard: an interrupt between finds it)
+                    with self._continue_lock:
+                        self._continued.discard(continued)
                 if path not in running:
                     continue  # a late report from a step already written off (lease lost)
                 running.discard(path)
@@ -262,7 +276,7 @@ class Runner:
                 if outcome.ok:
                     for child in dependents[path]:
                         blockers[child].discard(path)
-                        if not blockers[child] and child not in summary.outcomes:
+                        if not blockers[child] and child not in summary.outcomes and child != continued:
                             ready.append(child)
                     continue
                 if kind == "lost":
@@ -276,7 +290,9 @@ class Runner:
                         ready.remove(child)
                     self._mark_dep_failed(todo[child], failed_name=todo[path].name)
         except BaseException:
-            self._stop.set()
+            with self._continue_lock:  # no worker goes on with another step after this
+                self._stop.set()
+                running |= self._continued
             with _second_ctrl_c_deferred():
                 self._interrupt(running)
             raise
@@ -411,15 +427,45 @@ class Runner:
 
     # -- worker threads -------------------------------------------------------
     def _worker_loop(self) -> None:
-        while (row := self._take()) is not None:
+        row = self._take()
+        while row is not None:
             threading.current_thread().name = f"step:{row.name}"
+            following = None
             try:
                 result = self._worker(row)
+                following = self._following_step(row, result)
             except BaseException as error:  # (an exception whose str() raises): report all the same
                 result = (Outcome.FAILED, f"executor error: {type(error).__name__}")
             # Whatever happened, a report goes back: the main thread waits for it.
             threading.current_thread().name = "step:(idle)"
-            self._messages.put(("done", row.output_path, result))
+            self._messages.put(("done", row.output_path, result, following and following.output_path))
+            row = following or self._take()
+
+    def _following_step(self, row: PlannedStep, result: tuple[Outcome, str]) -> PlannedStep | None:
+        """The step this worker goes on with after `row`, without a round trip through the
+        main thread (two thread hand-offs a step of a chain): a light dependent of `row`
+        waiting for nothing else. None: the main thread schedules what comes next.
+
+        A step taken here is added to `_continued` under `_continue_lock`, and none is taken
+        once the run is stopped, so that an interrupt always finds it (`_schedule`).
+        Heavy steps go through the main thread, which admits them by the resources they ask
+        for. `dependents` is fixed for the run; `blockers` is the main thread's, read here (a
+        dependent whose only blocker is `row` changes only when `row` reports).
+        """
+        if not result[0].ok or self.leases.was_lost(row.output_path):
+            return None  # (a lost lease is reported by the heartbeat too: the main thread decides)
+        for path in self._dependents[row.output_path]:
+            child = self._todo[path]
+            # (Such a dependent has no outcome yet: only a failed blocking ancestor gives it
+            # one, and every blocking ancestor of it but `row` has succeeded.)
+            if self._blockers[path] == {row.output_path} and not is_heavy(child.step):
+                with self._continue_lock:
+                    if self._stop.is_set():
+                        return None
+                    self._step_locks[path] = threading.Lock()
+                    self._continued.add(path)
+                return child
+        return None
 
     def _take(self) -> PlannedStep | None:
         """The next queued step (None: the run is over)."""

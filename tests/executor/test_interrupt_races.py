@@ -2,7 +2,9 @@
 is marked RUNNING: the step must end FAILED "interrupted" with no lease, and its function must
 not start. Deterministic: the worker is held at the point of the race until the main thread
 has recorded the stopped steps (a fresh-clone CI run once caught the RUNNING line written
-after the FAILED one, when the worker was slower than the interrupt)."""
+after the FAILED one, when the worker was slower than the interrupt). Also: a worker going
+on with the next step of a chain itself, and an interrupt that comes before the main thread
+has heard of that step."""
 
 import os
 import signal
@@ -225,3 +227,118 @@ def test_a_signal_delivered_to_a_worker_thread_still_stops_the_run(tmp_path):
     path = run.output_paths[run.steps[0]]
     history = [(entry.status, entry.message) for entry in read_status(run.store, path)]
     assert history == [(Status.RUNNING, None), (Status.FAILED, "interrupted")]
+
+
+def chain(names: list[str], fn) -> list[ExecutorStep]:
+    steps: list[ExecutorStep] = []
+    for name in names:
+        inputs = [steps[-1].as_input_name()] if steps else []
+        steps.append(
+            ExecutorStep(
+                name=name,
+                fn=fn,
+                config=WriteConfig(output_path=this_output_path(), value=versioned(name), inputs=inputs),
+            )
+        )
+    return steps
+
+
+def test_a_worker_goes_on_with_the_next_step_of_a_chain_itself(tmp_path, monkeypatch):
+    # Each step of a chain used to go back to the main thread to be scheduled (two thread
+    # hand-offs a step); the worker that finished it now starts its dependent itself.
+    from executor.runner import Runner
+
+    dispatched, order = [], []
+    original = Runner._dispatch
+
+    def counted(self, row):
+        dispatched.append(row.name)
+        original(self, row)
+
+    monkeypatch.setattr(Runner, "_dispatch", counted)
+
+    def records(config: WriteConfig) -> None:
+        order.append(config.value)
+        for path in config.inputs:  # the step before finished (SUCCESS) before this one started
+            assert read_status(run.store, path)[-1].status == Status.SUCCESS
+
+    run = Executor(str(tmp_path), console=False)
+    run.run(chain(["c/0", "c/1", "c/2", "c/3"], records))
+    assert order == ["c/0", "c/1", "c/2", "c/3"]
+    assert dispatched == ["c/0"]
+    for step in run.steps:
+        assert [e.status for e in read_status(run.store, run.output_paths[step])] == [
+            Status.RUNNING,
+            Status.SUCCESS,
+        ]
+
+
+def test_a_step_a_worker_went_on_with_is_recorded_when_the_run_stops_first(tmp_path, monkeypatch):
+    # The run is stopped after the worker took the chain's next step but before the main
+    # thread heard of it: the interrupt must still record that step (it used to count only
+    # the steps it had dispatched itself).
+    from executor.runner import Runner
+
+    original = Runner._following_step
+    main = threading.main_thread().ident
+
+    def stop_the_run_first(self, row, result):
+        following = original(self, row, result)
+        if following is not None:
+            signal.pthread_kill(main, signal.SIGINT)
+            assert self._stop.wait(timeout=30)  # the main thread has begun to stop the run
+        return following
+
+    monkeypatch.setattr(Runner, "_following_step", stop_the_run_first)
+    ran = []
+
+    def records(config: WriteConfig) -> None:
+        ran.append(config.value)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = set(threading.enumerate())
+    run = Executor(str(tmp_path), console=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run.run(chain(["c/0", "c/1"], records))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=30)
+    first, second = (run.output_paths[step] for step in run.steps)
+    assert ran == ["c/0"]
+    assert read_status(run.store, first)[-1].status == Status.SUCCESS
+    assert [(e.status, e.message) for e in read_status(run.store, second)] == [(Status.FAILED, "interrupted")]
+    assert run.store.read_bytes(lease_path(second)) is None
+
+
+def test_a_heavy_step_after_a_light_one_is_still_admitted_by_the_main_thread(tmp_path, monkeypatch):
+    # A heavy step asks for resources, which the main thread counts (backend.admit): the
+    # worker that finished its light dependency does not start it itself.
+    from executor import ResourceConfig
+    from executor.runner import Runner
+    from tests.executor.steps_for_tests import write_value
+
+    dispatched = []
+    original = Runner._dispatch
+
+    def counted(self, row):
+        dispatched.append(row.name)
+        original(self, row)
+
+    monkeypatch.setattr(Runner, "_dispatch", counted)
+    light = ExecutorStep(
+        name="light", fn=write_value, config=WriteConfig(output_path=this_output_path(), value=versioned(1))
+    )
+    heavy = ExecutorStep(
+        name="heavy",
+        fn=write_value,
+        config=WriteConfig(
+            output_path=this_output_path(), value=versioned(2), inputs=[light.as_input_name()]
+        ),
+        resources=ResourceConfig.with_cpu(cpu=1),
+    )
+    run = Executor(str(tmp_path), console=False)
+    run.run([light, heavy])
+    assert dispatched == ["light", "heavy"]
+    assert read_status(run.store, run.output_paths[heavy])[-1].status == Status.SUCCESS

@@ -348,5 +348,5 @@ def test_a_lost_lease_stops_the_steps_process_and_a_failure_to_stop_it_is_logged
     runner.backend = Refuses()
     caplog.set_level(logging.ERROR, logger="executor.runner")
     runner.lease_lost("/out/step-1")
-    assert runner._messages.get_nowait() == ("lost", "/out/step-1", None)
+    assert runner._messages.get_nowait() == ("lost", "/out/step-1", None, None)
     assert caplog.messages == ["could not stop /out/step-1 after losing its lease"]
