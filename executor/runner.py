@@ -1,7 +1,10 @@
 """Runs a plan: steps in driver threads, in dependency order, under leases.
 
-All scheduling state lives in `Runner` and is touched only by the thread that calls
-`Runner.run`; worker threads report back through one queue. A worker thread:
+All scheduling state lives in `Runner` and is changed only by the thread that calls
+`Runner.run`; worker threads report back through one queue. A worker that finishes a step
+goes on by itself with a light dependent that waits for nothing else (the next step of a
+chain), and says so in its report: a chain's step then costs no round trip through the
+scheduling thread. A worker thread:
 
 1. takes the step's lease; if another live driver holds it, reads the status (done
    by that driver already? then skipped) and waits and polls;
