@@ -232,12 +232,7 @@ class Runner:
             for dep in deps:
                 dependents[dep].append(path)
         ready = [path for path, deps in blockers.items() if not deps]
-        self._todo, self._blockers, self._dependents, self._outcomes = (
-            todo,
-            blockers,
-            dependents,
-            summary.outcomes,
-        )
+        self._todo, self._blockers, self._dependents = todo, blockers, dependents  # (`_following_step`)
         if todo:
             with streams_wrapped():  # one tee for the whole run, not one per step
                 self._schedule(todo, blockers, dependents, ready, summary)
