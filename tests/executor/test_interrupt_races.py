@@ -19,6 +19,35 @@ from executor.tree import Status, lease_path, read_status
 from tests.executor.steps_for_tests import WriteConfig
 
 
+def run_until_interrupted(run, steps, interrupter=None, release=None, on_stopped=None) -> None:
+    """Run `steps` with Python's own Ctrl-C handler (whatever the test runner installed) and
+    expect the run to raise KeyboardInterrupt. `interrupter` runs in a thread of its own,
+    started just before; `on_stopped` is called once the run has raised, before `release` is
+    set. Then every thread started meanwhile (the interrupter, the run's workers) is joined."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = set(threading.enumerate())
+    if interrupter is not None:
+        threading.Thread(target=interrupter).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run.run(steps)
+        if on_stopped is not None:
+            on_stopped()
+    finally:
+        if release is not None:
+            release.set()
+        signal.signal(signal.SIGINT, previous)
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=30)
+        assert not thread.is_alive(), thread.name
+
+
+def one_step(name: str, fn) -> list[ExecutorStep]:
+    return [
+        ExecutorStep(name=name, fn=fn, config=WriteConfig(output_path=this_output_path(), value=versioned(1)))
+    ]
+
+
 def interrupted_run(tmp_path, hold_in_worker, backend: Backend | None = None, step_waits_for=None):
     """Run one step whose worker waits in `hold_in_worker(arrived, release)`; SIGINT the run
     once the worker has arrived there, release it once the run has raised, and wait for the
@@ -36,29 +65,8 @@ def interrupted_run(tmp_path, hold_in_worker, backend: Backend | None = None, st
             os.kill(os.getpid(), signal.SIGINT)
 
     hold_in_worker(arrived, release)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    before = set(threading.enumerate())
     run = Executor(str(tmp_path), console=False, backend=backend)
-    helper = threading.Thread(target=interrupt_when_arrived)
-    helper.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run.run(
-                [
-                    ExecutorStep(
-                        name="held",
-                        fn=step_fn,
-                        config=WriteConfig(output_path=this_output_path(), value=versioned(1)),
-                    )
-                ]
-            )
-    finally:
-        release.set()
-        helper.join(timeout=30)
-        signal.signal(signal.SIGINT, previous)
-    for thread in set(threading.enumerate()) - before:  # the step's worker, released above
-        thread.join(timeout=30)
-        assert not thread.is_alive(), thread.name
+    run_until_interrupted(run, one_step("held", step_fn), interrupt_when_arrived, release)
     path = run.output_paths[run.steps[0]]
     return [(entry.status, entry.message) for entry in read_status(run.store, path)], ran.is_set(), run, path
 
@@ -204,26 +212,13 @@ def test_a_signal_delivered_to_a_worker_thread_still_stops_the_run(tmp_path):
         if started.wait(timeout=30):
             signal.pthread_kill(worker[0], signal.SIGINT)
 
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    def stopped_while_the_step_ran() -> None:
+        assert not returned.is_set()
+
     run = Executor(str(tmp_path), console=False)
-    helper = threading.Thread(target=interrupt_the_step_thread)
-    helper.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run.run(
-                [
-                    ExecutorStep(
-                        name="blocks",
-                        fn=blocks,
-                        config=WriteConfig(output_path=this_output_path(), value=versioned(1)),
-                    )
-                ]
-            )
-        assert not returned.is_set()  # stopped while the step ran
-    finally:
-        release.set()
-        helper.join(timeout=30)
-        signal.signal(signal.SIGINT, previous)
+    run_until_interrupted(
+        run, one_step("blocks", blocks), interrupt_the_step_thread, release, stopped_while_the_step_ran
+    )
     path = run.output_paths[run.steps[0]]
     history = [(entry.status, entry.message) for entry in read_status(run.store, path)]
     assert history == [(Status.RUNNING, None), (Status.FAILED, "interrupted")]
@@ -243,19 +238,26 @@ def chain(names: list[str], fn) -> list[ExecutorStep]:
     return steps
 
 
-def test_a_worker_goes_on_with_the_next_step_of_a_chain_itself(tmp_path, monkeypatch):
-    # Each step of a chain used to go back to the main thread to be scheduled (two thread
-    # hand-offs a step); the worker that finished it now starts its dependent itself.
+@pytest.fixture
+def dispatched(monkeypatch) -> list[str]:
+    """The names of the steps the main thread queues for the workers (`Runner._dispatch`)."""
     from executor.runner import Runner
 
-    dispatched, order = [], []
+    names: list[str] = []
     original = Runner._dispatch
 
     def counted(self, row):
-        dispatched.append(row.name)
+        names.append(row.name)
         original(self, row)
 
     monkeypatch.setattr(Runner, "_dispatch", counted)
+    return names
+
+
+def test_a_worker_goes_on_with_the_next_step_of_a_chain_itself(tmp_path, dispatched):
+    # Each step of a chain used to go back to the main thread to be scheduled (two thread
+    # hand-offs a step); the worker that finished it now starts its dependent itself.
+    order = []
 
     def records(config: WriteConfig) -> None:
         order.append(config.value)
@@ -295,16 +297,8 @@ def test_a_step_a_worker_went_on_with_is_recorded_when_the_run_stops_first(tmp_p
     def records(config: WriteConfig) -> None:
         ran.append(config.value)
 
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    before = set(threading.enumerate())
     run = Executor(str(tmp_path), console=False)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            run.run(chain(["c/0", "c/1"], records))
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    for thread in set(threading.enumerate()) - before:
-        thread.join(timeout=30)
+    run_until_interrupted(run, chain(["c/0", "c/1"], records))
     first, second = (run.output_paths[step] for step in run.steps)
     assert ran == ["c/0"]
     assert read_status(run.store, first)[-1].status == Status.SUCCESS
@@ -312,21 +306,12 @@ def test_a_step_a_worker_went_on_with_is_recorded_when_the_run_stops_first(tmp_p
     assert run.store.read_bytes(lease_path(second)) is None
 
 
-def test_a_heavy_step_after_a_light_one_is_still_admitted_by_the_main_thread(tmp_path, monkeypatch):
+def test_a_heavy_step_after_a_light_one_is_still_admitted_by_the_main_thread(tmp_path, dispatched):
     # A heavy step asks for resources, which the main thread counts (backend.admit): the
     # worker that finished its light dependency does not start it itself.
     from executor import ResourceConfig
-    from executor.runner import Runner
     from tests.executor.steps_for_tests import write_value
 
-    dispatched = []
-    original = Runner._dispatch
-
-    def counted(self, row):
-        dispatched.append(row.name)
-        original(self, row)
-
-    monkeypatch.setattr(Runner, "_dispatch", counted)
     light = ExecutorStep(
         name="light", fn=write_value, config=WriteConfig(output_path=this_output_path(), value=versioned(1))
     )
