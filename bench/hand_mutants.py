@@ -268,6 +268,16 @@ MUTANTS = [
         "        except ValueError as error:\n            raise TreeFileError",
         "tests/marin",
     ),
+    # -- eighteenth session: workers' reports wake the scheduler only when it has work --------
+    *[
+        ("executor/runner.py", fix, mutant, "tests/executor/test_report_batching.py")
+        for fix, mutant in [
+            ("        wake = not result[0].ok\n", "        wake = False\n"),
+            ("                wake = len(self._queued) <= QUEUE_LOW\n", "                wake = False\n"),
+            ("len(self._blockers[child]) <= 1", "len(self._blockers[child]) < 1"),
+            ("                self._last_take = time.monotonic()\n", "                pass\n"),
+        ]
+    ],
     # -- tenth session: worker threads started as steps wait, and the pinned mutmut survivors
     (
         "executor/runner.py",

@@ -1,10 +1,12 @@
 """Runs a plan: steps in driver threads, in dependency order, under leases.
 
 All scheduling state lives in `Runner` and is changed only by the thread that calls
-`Runner.run`; worker threads report back through one queue. A worker that finishes a step
-goes on by itself with a light dependent that waits for nothing else (the next step of a
-chain), and says so in its report: a chain's step then costs no round trip through the
-scheduling thread. A worker thread:
+`Runner.run`; worker threads leave their reports in one deque, and wake that thread only
+when it has something to do now (a failure, a dependent that may be ready, a queue running
+short: `Runner._report`); it reads the rest at its next wake, within
+SIGNAL_CHECK_INTERVAL_S. A worker that finishes a step goes on by itself with a light
+dependent that waits for nothing else (the next step of a chain), and says so in its report:
+a chain's step then costs no round trip through the scheduling thread. A worker thread:
 
 1. takes the step's lease; if another live driver holds it, reads the status (done
    by that driver already? then skipped) and waits and polls;
@@ -118,15 +120,21 @@ this are heavy and belong on a remote backend anyway."""
 WORKER_START_DELAY_S = 0.005
 """A step queued this long without a free worker thread gets a new one (see `Runner._dispatch`)."""
 
-QUEUE_AHEAD = 2
-"""Steps queued for the workers beyond one per idle worker."""
+QUEUE_AHEAD = 8
+"""Steps queued for the workers beyond one per idle worker. A worker wakes the main thread
+to queue more only when it leaves `QUEUE_LOW` or fewer (see `Runner._report`), so the main
+thread wakes about once per `QUEUE_AHEAD - QUEUE_LOW` quick steps instead of once per step."""
 
-SIGNAL_CHECK_INTERVAL_S = 0.2
-"""The longest the main thread waits for a report at a time. Python runs signal handlers
-(Ctrl-C, SIGTERM) in the main thread only, and the kernel may deliver a signal to any
-thread: one taken by another thread left the main thread blocked on the report queue, and
-the run going on, until some step reported (seen in tests: a SIGINT unanswered for 30 s,
-until the test let its step go on)."""
+QUEUE_LOW = 2
+"""A worker that leaves this many steps queued or fewer wakes the main thread to queue more."""
+
+SIGNAL_CHECK_INTERVAL_S = 0.02
+"""The longest the main thread waits at a time. Python runs signal handlers (Ctrl-C,
+SIGTERM) in the main thread only, and the kernel may deliver a signal to any thread: one
+taken by another thread left the main thread blocked on the report queue, and the run going
+on, until some step reported (seen in tests: a SIGINT unanswered for 30 s, until the test
+let its step go on). It is also the longest a report that woke nobody waits to be read (see
+`Runner._report`)."""
 
 
 @contextlib.contextmanager
@@ -196,6 +204,10 @@ class Runner:
         self._idle = 0
         self._workers = 0
         self._queued: collections.deque[float] = collections.deque()
+        self._last_take = 0.0  # when a worker last took a queued step (`_worker_due_in`)
+        # Workers' reports ("done", path, (outcome, error), the step it went on with), read by
+        # the main thread whenever it wakes; `_messages` wakes it (see `_report`).
+        self._reports: collections.deque[tuple] = collections.deque()
         self._stop = threading.Event()
         # One lock per dispatched step, held by the main thread while it records the step as
         # stopped (`_interrupt`) and by the step's worker while it checks `_stop` and writes
@@ -258,35 +270,17 @@ class Runner:
                     running.add(path)
                     self._dispatch(todo[path])
                 try:
-                    kind, path, payload, continued = self._messages.get(timeout=self._until_next_worker())
-                except queue.Empty:  # a step has waited WORKER_START_DELAY_S for a worker
+                    message = self._messages.get(timeout=self._until_next_worker())
+                except queue.Empty:  # a step may have waited WORKER_START_DELAY_S for a worker
+                    message = None
                     self._start_worker_if_starved()
-                    continue
-                if continued is not None:  # the worker went on with it: running from now on
-                    running.add(continued)  # (before the discard: an interrupt between finds it)
-                    with self._continue_lock:
-                        self._continued.discard(continued)
-                if path not in running:
-                    continue  # a late report from a step already written off (lease lost)
-                running.discard(path)
-                outcome, error = (Outcome.LOST, "lease lost to another driver") if kind == "lost" else payload
-                summary.outcomes[path] = outcome
-                if outcome.ok:
-                    for child in dependents[path]:
-                        blockers[child].discard(path)
-                        if not blockers[child] and child not in summary.outcomes and child != continued:
-                            ready.append(child)
-                    continue
-                if kind == "lost":
-                    self.emit(StepFailed(todo[path].name, path, kind=outcome.value, error=error))
-                summary.failures.append(Failure(todo[path].name, path, outcome, error, log_path(path)))
-                for child in self._descendants(path, dependents):
-                    if child in summary.outcomes:
-                        continue
-                    summary.outcomes[child] = Outcome.DEP_FAILED
-                    if child in ready:
-                        ready.remove(child)
-                    self._mark_dep_failed(todo[child], failed_name=todo[path].name)
+                # A lost lease first (as it came first: the step's own report follows it), then
+                # every report the workers left, in the order each worker finished its steps.
+                reports = [message] if message is not None and message[0] == "lost" else []
+                while self._reports:
+                    reports.append(self._reports.popleft())
+                for kind, path, payload, continued in reports:
+                    self._take_report(kind, path, payload, continued, running, ready, summary)
         except BaseException:
             with self._continue_lock:  # no worker goes on with another step after this
                 self._stop.set()
@@ -297,6 +291,44 @@ class Runner:
         finally:
             for _ in range(self._workers):
                 self._work.put(None)  # idle workers exit; busy ones (orphaned steps) after their step
+
+    def _take_report(
+        self,
+        kind: str,
+        path: str,
+        payload: tuple[Outcome, str] | None,
+        continued: str | None,
+        running: set[str],
+        ready: list[str],
+        summary: RunSummary,
+    ) -> None:
+        """Record a step's outcome ("done": its worker's; "lost": the heartbeat's) and what follows."""
+        todo, blockers, dependents = self._todo, self._blockers, self._dependents
+        if continued is not None:  # the worker went on with it: running from now on
+            running.add(continued)  # (before the discard: an interrupt between finds it)
+            with self._continue_lock:
+                self._continued.discard(continued)
+        if path not in running:
+            return  # a late report from a step already written off (lease lost)
+        running.discard(path)
+        outcome, error = (Outcome.LOST, "lease lost to another driver") if kind == "lost" else payload
+        summary.outcomes[path] = outcome
+        if outcome.ok:
+            for child in dependents[path]:
+                blockers[child].discard(path)
+                if not blockers[child] and child not in summary.outcomes and child != continued:
+                    ready.append(child)
+            return
+        if kind == "lost":
+            self.emit(StepFailed(todo[path].name, path, kind=outcome.value, error=error))
+        summary.failures.append(Failure(todo[path].name, path, outcome, error, log_path(path)))
+        for child in self._descendants(path, dependents):
+            if child in summary.outcomes:
+                continue
+            summary.outcomes[child] = Outcome.DEP_FAILED
+            if child in ready:
+                ready.remove(child)
+            self._mark_dep_failed(todo[child], failed_name=todo[path].name)
 
     @staticmethod
     def _next_startable(
@@ -414,11 +446,18 @@ class Runner:
             self._start_worker()
 
     def _worker_due_in(self) -> float | None:
-        """Seconds until the oldest queued step has waited WORKER_START_DELAY_S (0.0: it has);
-        None if no step is queued or no more workers may start. Call under `_pool_lock`."""
+        """Seconds until a queued step has waited WORKER_START_DELAY_S while no worker took
+        any step (0.0: it has); None if no step is queued or no more workers may start. Call
+        under `_pool_lock`.
+
+        Waiting counts from the later of when the oldest queued step was queued and when a
+        worker last took one: steps queued behind quick steps are being reached, and get no
+        thread of their own (a second thread only passed the GIL back and forth); steps queued
+        behind a step that blocks get one within WORKER_START_DELAY_S."""
         if not self._queued or self._workers >= self.max_concurrent:
             return None
-        return max(0.0, self._queued[0] + WORKER_START_DELAY_S - time.monotonic())
+        waiting_since = max(self._queued[0], self._last_take)
+        return max(0.0, waiting_since + WORKER_START_DELAY_S - time.monotonic())
 
     def _start_worker(self) -> None:
         threading.Thread(target=self._worker_loop, daemon=True).start()
@@ -436,8 +475,32 @@ class Runner:
                 result = (Outcome.FAILED, f"executor error: {type(error).__name__}")
             # Whatever happened, a report goes back: the main thread waits for it.
             threading.current_thread().name = "step:(idle)"
-            self._messages.put(("done", row.output_path, result, following and following.output_path))
+            self._report(row, result, following)
             row = following or self._take()
+
+    def _report(self, row: PlannedStep, result: tuple[Outcome, str], following: PlannedStep | None) -> None:
+        """Leave the step's outcome for the main thread, and wake it only if it has something
+        to do now: a failure to record, steps to queue because this worker is running out
+        (`QUEUE_LOW`), or a dependent that this outcome may make ready. Otherwise the main
+        thread reads the report at its next wake, within SIGNAL_CHECK_INTERVAL_S: waking it
+        for every quick step cost a thread hand-off each, with the GIL passed back and forth
+        (about a third of a cold run of 1,000 trivial steps)."""
+        path = row.output_path
+        self._reports.append(("done", path, result, following and following.output_path))
+        wake = not result[0].ok
+        if not wake and following is None:
+            with self._pool_lock:
+                wake = len(self._queued) <= QUEUE_LOW
+        if not wake:
+            # (`blockers` is the main thread's and only shrinks: a dependent with one blocker
+            # left may be waiting for this step alone.)
+            wake = any(
+                len(self._blockers[child]) <= 1
+                for child in self._dependents[path]
+                if following is None or child != following.output_path
+            )
+        if wake:
+            self._messages.put(_WAKE)
 
     def _following_step(self, row: PlannedStep, result: tuple[Outcome, str]) -> PlannedStep | None:
         """The step this worker goes on with after `row`, without a round trip through the
@@ -474,6 +537,7 @@ class Runner:
             self._idle -= 1
             if row is not None:
                 self._queued.popleft()  # FIFO: the time this row was queued
+                self._last_take = time.monotonic()
         return row
 
     def _worker(self, row: PlannedStep) -> tuple[Outcome, str]:
@@ -747,6 +811,10 @@ class Runner:
                 self.leases.release(path)
             return Outcome.FAILED, why
         return None
+
+
+_WAKE = ("wake", None, None, None)
+"""Put on `Runner._messages` by a worker whose report the main thread should read now."""
 
 
 def _never_raising(emit: Callable[[Any], None]) -> Callable[[Any], None]:
