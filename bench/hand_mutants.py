@@ -275,9 +275,14 @@ MUTANTS = [
             ("        wake = not result[0].ok\n", "        wake = False\n"),
             ("                wake = len(self._queued) <= QUEUE_LOW\n", "                wake = False\n"),
             ("len(self._blockers[child]) <= 1", "len(self._blockers[child]) < 1"),
-            ("                self._last_take = time.monotonic()\n", "                pass\n"),
         ]
     ],
+    (
+        "executor/runner.py",
+        "                self._last_take = time.monotonic()\n",
+        "                pass\n",
+        "tests/executor/test_worker_pool.py",
+    ),
     # -- tenth session: worker threads started as steps wait, and the pinned mutmut survivors
     (
         "executor/runner.py",

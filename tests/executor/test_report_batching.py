@@ -11,7 +11,6 @@ run along: without them, each test waits on a step that is never started (or mar
 from __future__ import annotations
 
 import threading
-import time
 
 import executor.runner as runner_module
 from executor import Executor, ExecutorStep, LeaseConfig, output_path_of, this_output_path, versioned
@@ -125,21 +124,3 @@ def test_a_worker_running_short_of_queued_steps_gets_more_without_polling(tmp_pa
     assert not done.is_set(), "the run took 20 s: a worker's queue ran dry with no wake"
     assert sorted(ran) == sorted(f"q{i:02d}" for i in range(40))
     assert len([e for e in executor.events if isinstance(e, StepSucceeded)]) == 40
-
-
-def test_steps_queued_behind_quick_steps_get_no_thread_of_their_own(tmp_path, monkeypatch):
-    # Sixty 10 ms steps queued at once: the last waits ~0.6 s, longer than the 0.2 s that
-    # starts a worker for a step waiting behind a blocked one. But a worker takes a step every
-    # ~10 ms, so none is blocked, and one thread runs them all.
-    monkeypatch.setattr(runner_module, "WORKER_START_DELAY_S", 0.2)
-    monkeypatch.setattr(runner_module, "QUEUE_AHEAD", 60)
-    threads = []
-
-    def nap(config):
-        threads.append(threading.get_ident())
-        time.sleep(0.01)
-
-    executor = Executor(str(tmp_path), console=False, lease_config=QUIET)
-    executor.run([step(f"n{i:02d}", nap, i) for i in range(60)])
-    assert len(threads) == 60
-    assert len(set(threads)) == 1

@@ -78,21 +78,36 @@ def test_blocked_steps_each_get_a_thread_up_to_max_concurrent(tmp_path):
     assert len(threads) == 6
 
 
-def test_steps_are_queued_only_just_ahead_of_the_workers(tmp_path, monkeypatch):
-    # Twenty 50 ms steps on one worker: each queued step waits for at most the one before it
-    # (~50 ms), far less than the 0.5 s that starts a second worker. Had all twenty been
-    # queued at once, the later ones would wait ~1 s and start more threads for nothing.
-    monkeypatch.setattr(runner_module, "WORKER_START_DELAY_S", 0.5)
+def threads_of_naps(tmp_path, count: int, seconds: float) -> list[int]:
+    """The thread each of `count` independent steps ran on, each sleeping `seconds`."""
     threads = []
 
     def nap(config):
         threads.append(threading.get_ident())
-        time.sleep(0.05)
+        time.sleep(seconds)
 
-    executor = Executor(str(tmp_path), console=False, lease_config=QUIET)
-    executor.run([step(f"n{i}", nap, i) for i in range(20)])
-    assert len(threads) == 20
-    assert len(set(threads)) == 1
+    Executor(str(tmp_path), console=False, lease_config=QUIET).run(
+        [step(f"n{i:02d}", nap, i) for i in range(count)]
+    )
+    assert len(threads) == count
+    return threads
+
+
+def test_steps_are_queued_only_just_ahead_of_the_workers(tmp_path, monkeypatch):
+    # Twenty 50 ms steps on one worker: each queued step waits for at most the few before it
+    # (QUEUE_AHEAD), and a worker takes one every ~50 ms, far less than the 0.5 s that starts
+    # a second worker. Had all twenty been queued at once, the later ones would wait ~1 s.
+    monkeypatch.setattr(runner_module, "WORKER_START_DELAY_S", 0.5)
+    assert len(set(threads_of_naps(tmp_path, 20, 0.05))) == 1
+
+
+def test_steps_queued_behind_quick_steps_get_no_thread_of_their_own(tmp_path, monkeypatch):
+    # Sixty 10 ms steps queued at once: the last waits ~0.6 s, longer than the 0.2 s that
+    # starts a worker for a step waiting behind a blocked one. But a worker takes a step every
+    # ~10 ms, so none is blocked, and one thread runs them all.
+    monkeypatch.setattr(runner_module, "WORKER_START_DELAY_S", 0.2)
+    monkeypatch.setattr(runner_module, "QUEUE_AHEAD", 60)
+    assert len(set(threads_of_naps(tmp_path, 60, 0.01))) == 1
 
 
 def test_a_slow_lease_keeper_start_does_not_start_a_thread_per_waiting_step(tmp_path, monkeypatch):
