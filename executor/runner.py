@@ -118,7 +118,8 @@ this are heavy and belong on a remote backend anyway."""
 
 
 WORKER_START_DELAY_S = 0.005
-"""A step queued this long without a free worker thread gets a new one (see `Runner._dispatch`)."""
+"""A step queued while no worker has taken a step for this long gets a new worker thread
+(see `Runner._worker_due_in`)."""
 
 QUEUE_AHEAD = 8
 """Steps queued for the workers beyond one per idle worker. A worker wakes the main thread
@@ -247,18 +248,12 @@ class Runner:
         self._todo, self._blockers, self._dependents = todo, blockers, dependents  # (`_following_step`)
         if todo:
             with streams_wrapped():  # one tee for the whole run, not one per step
-                self._schedule(todo, blockers, dependents, ready, summary)
+                self._schedule(todo, ready, summary)
         return finish(summary, start, self.emit)
 
-    def _schedule(
-        self,
-        todo: dict[str, PlannedStep],
-        blockers: dict[str, set[str]],
-        dependents: dict[str, list[str]],
-        ready: list[str],
-        summary: RunSummary,
-    ) -> None:
-        """Start steps as their blocking dependencies finish, until none is left or runnable."""
+    def _schedule(self, todo: dict[str, PlannedStep], ready: list[str], summary: RunSummary) -> None:
+        """Start steps as their blocking dependencies finish, until none is left or runnable
+        (the reports are taken by `_take_report`, over `self._blockers` and `self._dependents`)."""
         running: set[str] = set()
         try:
             while ready or running:
@@ -407,10 +402,10 @@ class Runner:
     def _dispatch(self, row: PlannedStep) -> None:
         """Queue `row` for the worker threads; start the first worker if there is none.
 
-        More workers start only when a queued step has waited WORKER_START_DELAY_S for one
-        (`_start_worker_if_starved`), up to one per running step: steps that finish in a
-        fraction of a millisecond (bookkeeping-bound) keep one or two threads busy instead of
-        32 threads handing the GIL to each other (twice the time of a cold fan-in run of
+        More workers start only when a step is queued and no worker has taken one for
+        WORKER_START_DELAY_S (`_start_worker_if_starved`), up to one per running step: steps
+        that finish in a fraction of a millisecond (bookkeeping-bound) keep one thread busy
+        instead of 32 threads handing the GIL to each other (twice the time of a cold fan-in run of
         1,000 trivial steps), while steps that wait on I/O or on a process get a thread each
         within milliseconds.
         """

@@ -2,8 +2,8 @@
 
 A fan-in of steps that each finish in a fraction of a millisecond ran on 32 threads that
 handed the GIL to each other on every system call: twice the time of the same run on one
-thread. Workers now start when a queued step has waited `WORKER_START_DELAY_S` for one;
-steps that block (I/O, a process, a barrier) still get a thread each.
+thread. Workers now start when a step is queued and no worker has taken one for
+`WORKER_START_DELAY_S`; steps that block (I/O, a process, a barrier) still get a thread each.
 """
 
 from __future__ import annotations
