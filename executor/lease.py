@@ -185,6 +185,19 @@ class AcquireResult:
     """When not acquired: the current holder. When acquired: the stale lease taken over, if any."""
 
 
+_KEEPER_MODULE: list = []  # executor.lease_keeper, once a run has used a keeper
+
+
+def _keeper_module():
+    """`executor.lease_keeper`, imported at first use: a cached re-run takes no lease, and
+    looked up once, not by an import statement on each of a step's two messages."""
+    if not _KEEPER_MODULE:
+        import executor.lease_keeper
+
+        _KEEPER_MODULE.append(executor.lease_keeper)
+    return _KEEPER_MODULE[0]
+
+
 MAX_LEASE_BYTES = 64 * 1024
 """The most of a lease file read (a lease is ~100 bytes): a bigger one is not a lease."""
 
@@ -438,21 +451,18 @@ class LeaseManager:
             self._ensure_thread()  # (no keeper: its failure is logged) heartbeats from our thread
 
     def _keeper_client(self):
-        from executor.lease_keeper import shared_keeper
-
-        return shared_keeper(self.keeper_prefix)
+        return _keeper_module().shared_keeper(self.keeper_prefix)
 
     def _tell_keeper(self, op: str, path: str, data: bytes | None = None) -> bool:
-        from executor.lease_keeper import KeeperGone
-
+        keepers = _keeper_module()
         interval = self.config.heartbeat_interval if op == "hold" else None
         try:
             try:
-                self._keeper_client().send(op, path, data, interval, self.worker_id)
-            except KeeperGone:  # it died since it was last seen running: start another, once
-                self._keeper_client().send(op, path, data, interval, self.worker_id)
+                keepers.shared_keeper(self.keeper_prefix).send(op, path, data, interval, self.worker_id)
+            except keepers.KeeperGone:  # it died since it was last seen running: start another, once
+                keepers.shared_keeper(self.keeper_prefix).send(op, path, data, interval, self.worker_id)
             return True
-        except KeeperGone as error:
+        except keepers.KeeperGone as error:
             logger.error("could not reach the lease keeper: %s", error)
             return False
 

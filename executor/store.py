@@ -609,7 +609,8 @@ class LocalStore(Store):
         # Create if absent: O_EXCL says whether it was, and under the directory lock no
         # other swapper can read the file between its creation and its one write.
         target = self.fs_path(path)
-        with self._locked(path):
+        # (Made first, not after a failed open: a lease is created in a new step's directory.)
+        with self._locked(path, make_directory=True):
             try:
                 fd = os.open(target, _CREATE, 0o666)
             except FileExistsError:
@@ -626,19 +627,18 @@ class LocalStore(Store):
             return True
 
     @contextlib.contextmanager
-    def _locked(self, path: str):
+    def _locked(self, path: str, make_directory: bool = False):
+        """`make_directory`: the directory most likely does not exist yet; make it before
+        the first open rather than after it fails (one system call fewer)."""
         # flock on the directory: one lock per output directory, no extra files, and
         # released by the kernel if the process dies while holding it.
         directory = os.path.dirname(self.fs_path(path))
         try:
+            if make_directory:
+                _make_directory(directory)
             fd = os.open(directory, os.O_RDONLY)
         except FileNotFoundError:  # a new step's directory: its parent usually exists
-            try:
-                os.mkdir(directory)
-            except FileExistsError:
-                pass
-            except FileNotFoundError:
-                os.makedirs(directory, exist_ok=True)
+            _make_directory(directory)
             fd = os.open(directory, os.O_RDONLY)
         try:
             import fcntl  # (only where a step's lock is taken: not on a cached re-run)
@@ -647,6 +647,16 @@ class LocalStore(Store):
             yield
         finally:
             os.close(fd)
+
+
+def _make_directory(directory: str) -> None:
+    """A step's output directory (its parent usually exists), if it is not there yet."""
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(directory, exist_ok=True)
 
 
 class MemoryStore(Store):

@@ -237,6 +237,39 @@ def test_the_keeper_refreshes_a_held_lease_keeping_who_holds_it(keeper_and_root)
     assert json.loads(refreshed) == json.loads(after.to_bytes())
 
 
+@pytest.mark.parametrize(
+    ("op", "path", "worker", "data", "interval"),
+    [
+        ("hold", '/t/a "b"\\c\né\u2028/s/.executor_status.lock', "h:1:ab", b'{"x": 1}\xff\x00', 10.0),
+        ("hold", "/t/s/.executor_status.lock", "w", b"", 0.001),
+        ("drop", "/t/s/.executor_status.lock", None, None, None),
+        ("forget", "/t/\x7f/.executor_status.lock", "w/step:h:2:cd", None, None),
+    ],
+)
+def test_a_message_line_is_the_json_the_keeper_reads(op, path, worker, data, interval):
+    # The lines are built without json.dumps (two a step): they must say exactly what it would.
+    line = lease_keeper._message_line(op, path, worker, data, interval)
+    expected = {"op": op, "path": path, "worker": worker}
+    if data is not None:
+        expected["bytes"] = data.decode("latin-1")
+    if interval is not None:
+        expected["interval"] = interval
+    assert line == json.dumps(expected).encode() + b"\n"
+    assert line.count(b"\n") == 1 and line.isascii()  # one message a line, whatever the path holds
+
+
+def test_a_lease_whose_path_needs_escaping_is_kept_and_dropped(keeper_and_root):
+    keeper, root, _ = keeper_and_root
+    store = LocalStore()
+    path = f'{root}/a "b"\\c\né/s/.executor_status.lock'
+    first = lease()
+    store.write_atomic(path, first)
+    keeper.send("hold", path, first, interval=0.05)
+    wait_for(lambda: store.read_bytes(path) != first, timeout=10)
+    keeper.send("drop", path, worker="w")
+    assert keeper.ask("refresh", path, "w") == (False, None)  # dropped: no longer kept
+
+
 def test_refresh_release_and_hand_over_answer_with_the_current_bytes(keeper_and_root):
     keeper, root, _ = keeper_and_root
     store = LocalStore()

@@ -95,6 +95,16 @@ def test_delete_tree_removes_a_directory(store_and_root):
     assert all(store.list_dir(info.path) == [] for info in store.list_dir(f"{root}/t"))
 
 
+def test_compare_and_swap_creates_in_a_directory_not_made_yet(store_and_root):
+    # A cold step's lease: its directory (and on local disk, where directories are real, even
+    # its parent) does not exist yet.
+    store, root = store_and_root
+    for path in (f"{root}/new/lease", f"{root}/deeper/still/new/lease"):
+        assert store.compare_and_swap(path, None, b"mine")
+        assert not store.compare_and_swap(path, None, b"theirs")
+        assert store.read_bytes(path) == b"mine"
+
+
 def test_compare_and_swap_creates_only_when_absent(store_and_root):
     store, root = store_and_root
     path = f"{root}/lease"
