@@ -211,7 +211,7 @@ def _message_line(
     if data is not None:
         text += f', "bytes": {_quote(data.decode("latin-1"))}'
     if interval is not None:
-        text += f", \"interval\": {float(interval)!r}"  # (finite: LeaseConfig checks it)
+        text += f', "interval": {float(interval)!r}'  # (finite: LeaseConfig checks it)
     return (text + "}\n").encode()
 
 
