@@ -268,6 +268,22 @@ MUTANTS = [
         "        except ValueError as error:\n            raise TreeFileError",
         "tests/marin",
     ),
+    # -- nineteenth session: keeper messages built without json.dumps; a lease's directory first
+    *[
+        ("executor/lease_keeper.py", fix, mutant, "tests/executor/test_lease_keeper.py")
+        for fix, mutant in [
+            ('{"null" if worker is None else _quote(worker)}', '{_quote(worker or "")}'),
+            ('_quote(data.decode("latin-1"))', '_quote(data.decode("utf-8", "replace"))'),
+            ("{float(interval)!r}", "{int(interval)}"),
+            ('    return (text + "}\\n").encode()', '    return (text + "}").encode()'),
+        ]
+    ],
+    (
+        "executor/store.py",
+        "            if make_directory:\n                _make_directory(directory)\n",
+        "            if make_directory:\n                pass\n",
+        "tests/executor/test_store_contract.py -k creates",
+    ),
     # -- eighteenth session: workers' reports wake the scheduler only when it has work --------
     *[
         ("executor/runner.py", fix, mutant, "tests/executor/test_report_batching.py")
