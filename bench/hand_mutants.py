@@ -282,7 +282,7 @@ MUTANTS = [
         "executor/store.py",
         "            if make_directory:\n                _make_directory(directory)\n",
         "            if make_directory:\n                pass\n",
-        "tests/executor/test_store_contract.py -k creates",
+        "tests/executor/test_store_contract.py tests/executor/test_cold_and_warm_trims.py -k 'creates or made_before'",
     ),
     # -- eighteenth session: workers' reports wake the scheduler only when it has work --------
     *[

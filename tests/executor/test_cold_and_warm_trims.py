@@ -184,6 +184,29 @@ def test_a_lease_is_created_in_a_directory_whose_parents_are_missing(tmp_path):
     assert not store.compare_and_swap(str(shallow / ".executor_status.lock"), None, b"other")
 
 
+def test_a_new_steps_lease_directory_is_made_before_it_is_opened(tmp_path, monkeypatch):
+    """A cold step's directory does not exist when its lease is created: it is made first, so
+    the directory is opened (for its lock) once, not first tried and missed."""
+    opened: list[tuple[str, str]] = []
+    real_open = os.open
+
+    def recording_open(path, flags, *args, **kwargs):
+        try:
+            fd = real_open(path, flags, *args, **kwargs)
+        except OSError as error:
+            opened.append((str(path), type(error).__name__))
+            raise
+        opened.append((str(path), "ok"))
+        return fd
+
+    monkeypatch.setattr(os, "open", recording_open)
+    directory = tmp_path / "step-abc"
+    assert LocalStore().compare_and_swap(str(directory / ".executor_status.lock"), None, b"mine")
+    monkeypatch.undo()
+    assert [outcome for path, outcome in opened if path == str(directory)] == ["ok"]
+    assert (directory / ".executor_status.lock").read_bytes() == b"mine"
+
+
 def test_a_keeper_killed_between_messages_is_replaced_and_the_lease_still_kept(tmp_path):
     """Liveness is asked at most once a second; a keeper that died meanwhile is found by the
     next message (a broken pipe, or no "ready" line when it died before saying it was up, as it
