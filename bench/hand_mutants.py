@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -586,7 +587,7 @@ def main() -> int:
         ["git", "-C", repo, "archive", args.commit], check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", workdir], input=archive, check=True)
-    survived = 0
+    survived = errors = 0
     for path, old, new, tests in mutants:
         target = os.path.join(workdir, path)
         with open(target) as handle:
@@ -597,7 +598,7 @@ def main() -> int:
         with open(target, "w") as handle:
             handle.write(original.replace(old, new, 1))
         try:
-            selection = tests.split() + ([] if "-k" in tests else ["-k", "not browser"])
+            selection = shlex.split(tests) + ([] if "-k" in tests else ["-k", "not browser"])
             result = subprocess.run(
                 [
                     sys.executable,
@@ -621,11 +622,19 @@ def main() -> int:
         finally:
             with open(target, "w") as handle:
                 handle.write(original)
-        killed = result.returncode != 0
-        survived += not killed
-        print(f"{'killed' if killed else 'SURVIVED'}: {path}: {old[:70]!r}", flush=True)
-    print(f"{len(mutants) - survived} of {len(mutants)} caught (workdir {workdir})")
-    return 1 if survived else 0
+        # pytest's exit codes: 1 tests failed, 2 a collection error (the mutant broke an
+        # import): caught. 4 (a bad -k or path) and 5 (no test selected) say nothing about the
+        # mutant: they are errors of this list, not kills.
+        if result.returncode in (0, 1, 2):
+            killed = result.returncode != 0
+            survived += not killed
+            print(f"{'killed' if killed else 'SURVIVED'}: {path}: {old[:70]!r}", flush=True)
+        else:
+            errors += 1
+            tail = result.stdout.decode(errors="replace").strip().splitlines()[-1:]
+            print(f"ERROR (pytest exit {result.returncode}: {tail}): {path}: {old[:70]!r}", flush=True)
+    print(f"{len(mutants) - survived - errors} of {len(mutants)} caught (workdir {workdir})")
+    return 1 if survived or errors else 0
 
 
 if __name__ == "__main__":
