@@ -7,7 +7,10 @@ Runs `Executor(prefix, console=False).run(steps)` on fresh prefixes (the 1,000-s
 timers (each wrapper adds ~1 us a call), and prints milliseconds per run and calls per run
 for each part, and how many worker threads each run started. Parts overlap (the step's
 total contains the lease, the records, the step function); with more than one worker
-thread, the parts of different steps overlap too, and their sum can exceed the run.
+thread, the parts of different steps overlap too, and their sum can exceed the run. The
+parts marked "outside the steps" run in the main thread before the first step or after the
+last. An untimed run of 20 steps comes first, so that the lease keeper is up (as it is for
+every run but a process's first: `bench/cold_ab.py` takes the fastest of three).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import executor_overhead as bench  # noqa: E402
 from revision import commit  # noqa: E402
 
 import executor.backends as backends  # noqa: E402
+import executor.executor as executor_module  # noqa: E402
 import executor.runner as runner  # noqa: E402
 from executor import Executor  # noqa: E402
 from executor.lease import LeaseConfig, LeaseManager  # noqa: E402
@@ -59,6 +63,15 @@ PARTS = [
     (runner.Runner, "_take", "worker taking a queued step (waits included)"),
     (runner.Runner, "_report", "worker reporting"),
     (runner.Runner, "_following_step", "worker choosing the next step of a chain"),
+    (runner.Runner, "run", "the runner, all told (first step to last report)"),
+    (executor_module, "resolve", "outside the steps: resolve (versions, paths)"),
+    (executor_module, "make_plan", "outside the steps: the plan (a listing, status reads)"),
+    (
+        executor_module,
+        "write_experiment_info",
+        "outside the steps: the experiment manifest, before and after",
+    ),
+    (executor_module, "collect_provenance", "outside the steps: provenance (git, packages)"),
 ]
 
 
@@ -82,6 +95,14 @@ def main() -> None:
 
     runner.Runner.run = counting_run
     config = LeaseConfig(heartbeat_process=not args.no_keeper)
+    warm_up = tempfile.mkdtemp(dir=args.tmp_dir)
+    try:
+        Executor(warm_up, console=False, lease_config=config).run(bench.build_steps(args.shape, 20))
+    finally:
+        shutil.rmtree(warm_up)
+    TOTALS.clear()
+    CALLS.clear()
+    workers.clear()
     for _ in range(args.runs):
         steps = bench.build_steps(args.shape, 1000)
         prefix = tempfile.mkdtemp(dir=args.tmp_dir)
@@ -89,6 +110,7 @@ def main() -> None:
             start = time.perf_counter()
             Executor(prefix, console=False, lease_config=config).run(steps)
             TOTALS["the whole run (Executor.run)"] += time.perf_counter() - start
+            CALLS["the whole run (Executor.run)"] += 1
         finally:
             shutil.rmtree(prefix)
     print(
