@@ -1,11 +1,12 @@
-"""Hand-applied mutants of the ninth to fifteenth sessions' fixes: each one removes or weakens a
-fix's key line, and the tests named next to it must then fail (docs/testing.md).
+"""Hand-applied mutants of the ninth to nineteenth sessions' fixes: each one removes or weakens
+a fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
 
 Runs in a scratch copy (`git archive`), never in the working tree; prints one line per
-mutant (killed / SURVIVED / NOT FOUND when the code has changed since) and exits non-zero
-if any survived. Browser tests (Chromium) are left out of the selections.
+mutant (killed / SURVIVED / NOT FOUND when the code has changed since / ERROR when its test
+selection is not one pytest can run) and exits non-zero if any survived or erred. Browser
+tests (Chromium) are left out of the selections.
 """
 
 from __future__ import annotations
