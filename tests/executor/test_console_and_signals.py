@@ -73,6 +73,7 @@ def start_script(
     env.update(
         PYTHONPATH=REPO, STEP_SLEEP=str(step_sleep), **({"HEAVY": "1"} if heavy else {}), **(extra_env or {})
     )
+    env["PYTHONFAULTHANDLER"] = "1"  # a driver that hangs is dumped (`signal_when_running`), not just killed
     command = [sys.executable, str(script), "--prefix", str(tmp_path / "out")]
     if shell_redirect:
         command = ["sh", "-c", 'exec "$@" ' + shell_redirect, "sh", *command]
@@ -163,7 +164,20 @@ def signal_when_running(
             assert process.poll() is None, process.communicate()
             time.sleep(0.05)
         process.send_signal(signum)
-        return process.communicate(timeout=30)
+        try:
+            return process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Still running 30 s after the signal: have it print every thread's stack (Python's
+            # faulthandler, on SIGABRT) so that the failure says where it hangs.
+            process.send_signal(signal.SIGABRT)
+            try:
+                _, err = process.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                err = b"(no stack dump within 10 s)"
+            tail = (err or b"").decode(errors="replace")[-6000:]
+            raise AssertionError(
+                f"the driver did not exit 30 s after signal {signum}; its threads:\n{tail}"
+            ) from None
     finally:
         if process.poll() is None:
             process.kill()
