@@ -38,6 +38,12 @@ SCRIPT = textwrap.dedent(
         print("the step prints", flush=True)  # to its log and to the console, which may be gone
 
     if __name__ == "__main__":
+        import signal
+
+        # Ctrl-C as from a terminal. A shell without job control starts background commands
+        # (a test run started with `&`) with SIGINT ignored, which Python and this driver then
+        # keep (as `nohup python experiment.py &` should): the tests' SIGINT would go unheard.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from executor import ResourceConfig
 
         heavy = ResourceConfig.with_cpu(cpu=1) if os.environ.get("HEAVY") else None  # a process of its own
