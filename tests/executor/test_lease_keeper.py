@@ -220,10 +220,11 @@ def keeper_and_root(tmp_path):
     victim.wait()
 
 
-def test_the_keeper_refreshes_a_held_lease_keeping_who_holds_it(keeper_and_root):
+@pytest.mark.parametrize("directory", ["s", 'a "b"\\c\né/s'], ids=["plain", "needing-escapes"])
+def test_the_keeper_refreshes_a_held_lease_keeping_who_holds_it(keeper_and_root, directory):
     keeper, root, _ = keeper_and_root
     store = LocalStore()
-    path = f"{root}/s/.executor_status.lock"
+    path = f"{root}/{directory}/.executor_status.lock"  # (the messages quote the path: see below)
     first = lease()
     store.write_atomic(path, first)
     keeper.send("hold", path, first, interval=0.05)
@@ -235,6 +236,8 @@ def test_the_keeper_refreshes_a_held_lease_keeping_who_holds_it(keeper_and_root)
     assert after.heartbeat > before.heartbeat
     assert after.worker == before.worker
     assert json.loads(refreshed) == json.loads(after.to_bytes())
+    keeper.send("drop", path, worker="w")
+    assert keeper.ask("refresh", path, "w") == (False, None)  # dropped: no longer kept
 
 
 @pytest.mark.parametrize(
@@ -256,18 +259,6 @@ def test_a_message_line_is_the_json_the_keeper_reads(op, path, worker, data, int
         expected["interval"] = interval
     assert line == json.dumps(expected).encode() + b"\n"
     assert line.count(b"\n") == 1 and line.isascii()  # one message a line, whatever the path holds
-
-
-def test_a_lease_whose_path_needs_escaping_is_kept_and_dropped(keeper_and_root):
-    keeper, root, _ = keeper_and_root
-    store = LocalStore()
-    path = f'{root}/a "b"\\c\né/s/.executor_status.lock'
-    first = lease()
-    store.write_atomic(path, first)
-    keeper.send("hold", path, first, interval=0.05)
-    wait_for(lambda: store.read_bytes(path) != first, timeout=10)
-    keeper.send("drop", path, worker="w")
-    assert keeper.ask("refresh", path, "w") == (False, None)  # dropped: no longer kept
 
 
 def test_refresh_release_and_hand_over_answer_with_the_current_bytes(keeper_and_root):
