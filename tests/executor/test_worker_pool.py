@@ -101,6 +101,33 @@ def test_steps_are_queued_only_just_ahead_of_the_workers(tmp_path, monkeypatch):
     assert len(set(threads_of_naps(tmp_path, 20, 0.05))) == 1
 
 
+def test_the_main_thread_queues_no_more_than_queue_ahead_beyond_its_idle_workers(tmp_path, monkeypatch):
+    # One worker (no second one starts within the test), held by the first step for 0.3 s:
+    # meanwhile the main thread queues QUEUE_AHEAD of the 20 other ready steps and keeps the
+    # rest, to choose among when a worker is free. (The test above no longer tells: with the
+    # start rule counting from the last step a worker took, a long queue starts no thread.)
+    monkeypatch.setattr(runner_module, "WORKER_START_DELAY_S", 30.0)
+    dispatched, seen = [], []
+    dispatch = runner_module.Runner._dispatch
+
+    def counting_dispatch(self, row):
+        dispatched.append(row.name)
+        dispatch(self, row)
+
+    monkeypatch.setattr(runner_module.Runner, "_dispatch", counting_dispatch)
+
+    def holds(config):
+        time.sleep(0.3)
+        seen.append(len(dispatched))
+
+    steps = [step("a-first", holds)] + [step(f"q{i:02d}", lambda config: None, i) for i in range(20)]
+    Executor(str(tmp_path), console=False, lease_config=QUIET).run(steps)
+    assert len(dispatched) == 21
+    # The held step, and at most QUEUE_AHEAD queued behind it (not all 20: had the main thread
+    # queued every ready step, it would have done so within milliseconds).
+    assert len(seen) == 1 and seen[0] <= 1 + runner_module.QUEUE_AHEAD, seen
+
+
 def test_steps_queued_behind_quick_steps_get_no_thread_of_their_own(tmp_path, monkeypatch):
     # Sixty 10 ms steps queued at once: the last waits ~0.6 s, longer than the 0.2 s that
     # starts a worker for a step waiting behind a blocked one. But a worker takes a step every
