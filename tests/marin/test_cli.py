@@ -16,6 +16,7 @@ import pytest
 
 from executor import Executor, ExecutorStep, this_output_path, versioned
 from executor.lease import LeaseRecord
+from executor.provenance import git_state
 from executor.tree import Status, append_status, info_path, lease_path
 from marin.outputs import OutputTree
 from tests.marin import sample_tree
@@ -222,6 +223,44 @@ def test_reproduce_refuses_another_git_commit_unless_allowed(capsys, tree_prefix
         "--allow-code-changes",
     )
     assert code == 0 and "going on" in out and "raw/notes: equal" in out
+
+
+def test_reproduce_from_outside_git_checks_the_commit_of_the_projects_checkout(capsys, tmp_path, monkeypatch):
+    """`cd /tmp/run && python ~/marin/experiments/tutorials/hello_world.py`, then `marin
+    reproduce` from the same directory: the run recorded the commit of the checkout holding
+    the script, and reproduce compares that checkout's commit, not the (absent) git state
+    of the directory it runs from."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if git_state(str(elsewhere))["root"] is not None or git_state(REPO)["root"] != REPO:
+        pytest.skip("needs a temporary directory outside git and the tests in a git checkout")
+    script = os.path.join(REPO, "experiments", "tutorials", "hello_world.py")
+    subprocess.run(
+        [sys.executable, script, "--prefix", str(tmp_path / "tree")],
+        check=True,
+        cwd=elsewhere,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+    )
+    stats = OutputTree(str(tmp_path / "tree")).find("hello_world/stats")
+    recorded = read_info_file(stats.path)["run"]["git"]
+    assert recorded["root"] == REPO and recorded["commit"]
+    monkeypatch.chdir(elsewhere)
+    into = str(tmp_path / "again")
+    code, out, err = marin(
+        capsys, "reproduce", "hello_world/stats", "--prefix", str(tmp_path / "tree"), "--into", into
+    )
+    assert code == 0, err
+    assert "hello_world/stats: equal" in out and "no git commit" not in out + err
+    # The commit is still checked: another recorded commit is refused, naming the checkout.
+    edit_info(
+        stats.path, lambda record: record["run"]["git"].update(commit="0123456789abcdef" * 2 + "01234567")
+    )
+    code, _, err = marin(
+        capsys, "reproduce", "hello_world/stats", "--prefix", str(tmp_path / "tree"), "--into", into + "2"
+    )
+    assert code == 2
+    assert f"this checkout ({REPO}) is at {recorded['commit'][:12]}" in err
 
 
 def test_reproduce_refuses_when_the_rebuilt_hash_differs(capsys, tree_prefix, tmp_path):
