@@ -1,4 +1,4 @@
-"""Hand-applied mutants of the ninth to nineteenth sessions' fixes: each one removes or weakens
+"""Hand-applied mutants of the ninth to twentieth sessions' fixes: each one removes or weakens
 a fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
@@ -570,6 +570,19 @@ MUTANTS = [
         "    while cut > shortest and cut > 0:",
         "tests/executor/test_declaration_checks.py tests/executor/test_bad_input.py",
     ),
+    # -- twentieth session: reproduce from a directory outside git --
+    (
+        "marin/reproduce.py",
+        "    if commits:\n        checkout = commit_checkout(checkout)\n",
+        "",
+        "tests/marin/test_cli.py -k outside_git",
+    ),
+    (
+        "marin/reproduce.py",
+        '    if git_state(checkout).get("root"):\n        return checkout\n',
+        "",
+        "tests/marin/test_cli.py -k experiment_script",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 
@@ -588,6 +601,11 @@ def main() -> int:
         ["git", "-C", repo, "archive", args.commit], check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", workdir], input=archive, check=True)
+    # A git checkout, as CI's fresh clone is: tests that check recorded commits run there
+    # instead of skipping (a skipped test would let its mutant survive).
+    git = ["git", "-C", workdir, "-c", "user.name=hand-mutants", "-c", "user.email=hand-mutants@localhost"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "scratch copy"]):
+        subprocess.run([*git, *command], check=True, capture_output=True)
     survived = errors = 0
     for path, old, new, tests in mutants:
         target = os.path.join(workdir, path)

@@ -273,8 +273,14 @@ def test_reproduce_refuses_when_the_rebuilt_hash_differs(capsys, tree_prefix, tm
     assert "do not hash the same" in err and "learning_rate: 0.01 -> 0.3" in err
 
 
-def test_reproduce_a_step_defined_in_the_experiment_script(capsys, tmp_path, monkeypatch):
-    script = tmp_path / "study.py"
+@pytest.mark.parametrize("in_git", [False, True], ids=["plain directory", "its own git repository"])
+def test_reproduce_a_step_defined_in_the_experiment_script(capsys, tmp_path, monkeypatch, in_git):
+    """A study script of the user's own, outside this project: in a plain directory (no commit
+    to check), or in a git repository of its own, whose commit the run records and reproduce
+    checks there (not this project's checkout, which holds only the executor)."""
+    study = tmp_path / "study"
+    study.mkdir()
+    script = study / "study.py"
     script.write_text(
         textwrap.dedent(
             """
@@ -299,6 +305,10 @@ def test_reproduce_a_step_defined_in_the_experiment_script(capsys, tmp_path, mon
             """
         )
     )
+    if in_git:
+        git = ["git", "-C", str(study), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+        for command in (["init", "-q"], ["add", "study.py"], ["commit", "-q", "-m", "study"]):
+            subprocess.run([*git, *command], check=True, capture_output=True)
     prefix = tmp_path / "tree"
     env = {**os.environ, "PYTHONPATH": REPO}
     subprocess.run(
@@ -306,13 +316,16 @@ def test_reproduce_a_step_defined_in_the_experiment_script(capsys, tmp_path, mon
     )
     info = read_info_file(OutputTree(str(prefix)).find("study/count").path)
     assert info["fn_name"] == "__main__:count" and info["run"]["script"] == str(script)
-    monkeypatch.chdir(tmp_path)  # the script is loaded only from the checkout reproduce runs in
-    code, out, _ = marin(
+    recorded = info["run"]["git"]["commit"]
+    assert (recorded == git_state(str(study))["commit"]) if in_git else recorded is None
+    monkeypatch.chdir(study)  # the script is loaded only from the checkout reproduce runs in
+    code, out, err = marin(
         capsys, "reproduce", "study/count", "--prefix", str(prefix), "--into", str(tmp_path / "again")
     )
-    assert code == 0, out
+    assert code == 0, out + err
     assert f"study/count: __main__:count (its function), defined in {os.path.realpath(script)}" in out
     assert "study/count: equal" in out
+    assert ("no git commit was recorded" in out) != in_git
 
 
 # -- gc --------------------------------------------------------------------------------------
