@@ -273,7 +273,7 @@ def test_reproduce_refuses_when_the_rebuilt_hash_differs(capsys, tree_prefix, tm
     assert "do not hash the same" in err and "learning_rate: 0.01 -> 0.3" in err
 
 
-@pytest.mark.parametrize("in_git", [False, True], ids=["plain directory", "its own git repository"])
+@pytest.mark.parametrize("in_git", [False, True], ids=["plain_directory", "own_git_repository"])
 def test_reproduce_a_step_defined_in_the_experiment_script(capsys, tmp_path, monkeypatch, in_git):
     """A study script of the user's own, outside this project: in a plain directory (no commit
     to check), or in a git repository of its own, whose commit the run records and reproduce
