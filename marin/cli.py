@@ -463,6 +463,11 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         print(f"no finished training runs{where} under {tree.prefix}")
         return 0
     print(f"ranked by final eval/{args.by} (lower is better), among runs trained on the same tokens")
+    # (The quickstart's summary and an eval step print the exact bpb: a user comparing saw two.)
+    print(
+        "LOSS, BPB: the trainer's last eval/loss and eval/bpb (Levanter's per-batch bpb); an eval "
+        "step's results.json has bpb as total bits over total bytes, which can differ"
+    )
     for group in groups:
         tokens = f"{group.tokens:,} tokens" if group.tokens is not None else "tokens not recorded"
         print(f"\n{tokens} ({len(group.ranked)} run{'s' if len(group.ranked) != 1 else ''})")

@@ -142,6 +142,7 @@ def test_the_command_prints_the_table_and_refuses_a_bad_pattern(board, capsys):
     assert out.index("4,096 tokens") < out.index("1,024 tokens")
     first = next(line for line in out.splitlines() if line.startswith("1 ") and "checkpoints/b-" in line)
     assert "2.9000" in first and "train.learning_rate=0.003" in first
+    assert "BPB: the trainer's last eval/loss and eval/bpb" in out  # not the eval step's exact bpb
     assert marin(["leaderboard", "([", "--prefix", board]) == 2
     assert "valid name pattern" in capsys.readouterr().err
     assert (
