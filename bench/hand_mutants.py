@@ -573,13 +573,13 @@ MUTANTS = [
     # -- twentieth session: reproduce from a directory outside git --
     (
         "marin/reproduce.py",
-        "    if commits:\n        checkout = commit_checkout(checkout)\n",
-        "",
+        "    checkout, current = commit_checkout(checkout) if commits else (checkout, None)\n",
+        '    current = git_state(checkout).get("commit") if commits else None\n',
         "tests/marin/test_cli.py -k outside_git",
     ),
     (
         "marin/reproduce.py",
-        '    if git_state(checkout).get("root"):\n        return checkout\n',
+        '    if state.get("root"):\n        return checkout, state.get("commit")\n',
         "",
         "tests/marin/test_cli.py -k experiment_script",
     ),

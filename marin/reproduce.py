@@ -197,19 +197,21 @@ def checkout_root() -> str:
     return git_state(os.getcwd()).get("root") or os.getcwd()
 
 
-def commit_checkout(checkout: str) -> str:
-    """The checkout whose commit is compared with the recorded one: `checkout` when it is a
-    git repository; else the repository holding this project's packages, when they are one
-    (an editable install run from another directory, as `cd /tmp/run && python
-    ~/marin/experiments/quickstart.py` does: the run recorded that checkout's commit, and
-    its code is what will run); else `checkout` (no commit). Never a directory the tree names."""
-    if git_state(checkout).get("root"):
-        return checkout
+def commit_checkout(checkout: str) -> tuple[str, str | None]:
+    """The checkout whose commit is compared with the recorded one, and that commit:
+    `checkout` when it is a git repository; else the repository holding this project's
+    packages, when they are one (an editable install run from another directory, as `cd
+    /tmp/run && python ~/marin/experiments/quickstart.py` does: the run recorded that
+    checkout's commit, and its code is what will run); else `checkout`, with no commit.
+    Never a directory the tree names."""
+    state = git_state(checkout)
+    if state.get("root"):
+        return checkout, state.get("commit")
     for directory in _package_dirs():
-        root = git_state(directory).get("root")
-        if root:
-            return root
-    return checkout
+        state = git_state(directory)
+        if state.get("root"):
+            return state["root"], state.get("commit")
+    return checkout, None
 
 
 def _package_dirs() -> list[str]:
@@ -317,9 +319,8 @@ def check_commit(steps: list[StepOutput], checkout: str, allow_code_changes: boo
         commit = git.get("commit")
         if isinstance(commit, str) and commit:
             commits.setdefault(commit, (step.name, bool(git.get("dirty"))))
-    if commits:
-        checkout = commit_checkout(checkout)
-    current = git_state(checkout).get("commit") if commits else None
+    # (One `git` call per place looked at: the state is read once, not again for the commit.)
+    checkout, current = commit_checkout(checkout) if commits else (checkout, None)
     for commit, (name, dirty) in sorted(commits.items(), key=lambda item: item[1][0]):
         if current != commit:
             message = (

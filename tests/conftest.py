@@ -59,8 +59,8 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    for directory in _made_jax_cache:
-        shutil.rmtree(directory, ignore_errors=True)
-        for name in _JAX_CACHE_VARIABLES:
-            os.environ.pop(name, None)
-    _made_jax_cache.clear()
+    if not _made_jax_cache:
+        return
+    shutil.rmtree(_made_jax_cache.pop(), ignore_errors=True)
+    for name in _JAX_CACHE_VARIABLES:
+        os.environ.pop(name, None)
