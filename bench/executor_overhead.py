@@ -896,21 +896,9 @@ def targets(rows: list[Row]) -> tuple[list[str], dict[str, float]]:
 def git_commit(root: str | None = None) -> str:
     """The short commit of the checkout at `root` (default: this one), `+dirty` when its
     executor/ or bench/ has uncommitted changes."""
-    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "executor", "bench"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
+    from revision import commit  # (bench/ is on sys.path: this script's directory, or its importer's)
+
+    return commit(("executor", "bench"), root)
 
 
 def main() -> None:

@@ -41,7 +41,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -180,16 +179,10 @@ def paired(ours: list[float], floor: list[float]) -> float:
 
 
 def commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The commit measured, `+dirty` when anything in the checkout has uncommitted changes."""
+    from bench.revision import commit as checkout_commit
+
+    return checkout_commit((".",), REPO)
 
 
 def main() -> None:
