@@ -45,7 +45,8 @@ def checkout(tmp_path):
 
 
 def test_a_clean_checkout_is_its_short_commit(revision, checkout):
-    assert revision.commit(("executor", "bench"), str(checkout)) == git(checkout, "rev-parse", "--short", "HEAD")
+    head = git(checkout, "rev-parse", "--short", "HEAD")
+    assert revision.commit(("executor", "bench"), str(checkout)) == head
 
 
 @pytest.mark.parametrize(
