@@ -1,4 +1,4 @@
-"""Hand-applied mutants of the ninth to twentieth sessions' fixes: each one removes or weakens
+"""Hand-applied mutants of the ninth to twenty-first sessions' fixes: each one removes or weakens
 a fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
@@ -582,6 +582,30 @@ MUTANTS = [
         '    if state.get("root"):\n        return checkout, state.get("commit")\n',
         "",
         "tests/marin/test_cli.py -k experiment_script",
+    ),  # -- twenty-first session: a set endpoint nobody listens on fails in about a second ------------
+    *[
+        ("executor/retry.py", fix, mutant, "tests/executor/test_endpoint_probe.py")
+        for fix, mutant in [
+            (
+                "        except (ConnectionRefusedError, socket.gaierror) as error:",
+                "        except socket.gaierror as error:",
+            ),
+            (
+                "    if not endpoint or any(os.environ.get(name) or os.environ.get(name.lower()) for name in _PROXY_VARIABLES):",
+                "    if not endpoint:",
+            ),
+            ("            return None\n    return refused\n", "            return None\n    return None\n"),
+            (
+                '    return parts.hostname, port or (443 if parts.scheme == "https" else 80)',
+                "    return parts.hostname, port or 80",
+            ),
+        ]
+    ],
+    (
+        "executor/store.py",
+        "        if refused is not None:\n            raise StoreError",
+        "        if False:\n            raise StoreError",
+        "tests/executor/test_endpoint_probe.py",
     ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""

@@ -247,6 +247,72 @@ def unreachable_message(protocol: str, path: str, error: BaseException) -> str:
     return f"cannot connect to GCS for bucket {bucket!r}{why}: check the network"
 
 
+PROBE_ATTEMPTS = 3
+"""Connections `refused_endpoint` tries before it calls the endpoint refused."""
+
+PROBE_PAUSE_S = 0.5
+"""Seconds between those tries (a server that is just starting gets about a second)."""
+
+PROBE_TIMEOUT_S = 2.0
+"""Seconds one try waits to connect; a try that times out decides nothing (the clients' own
+retries then do, as before)."""
+
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def refused_endpoint(protocol: str) -> BaseException | None:
+    """The error of connecting to the endpoint the user set for `protocol` (`AWS_ENDPOINT_URL`,
+    `STORAGE_EMULATOR_HOST`) when every one of PROBE_ATTEMPTS connections was refused or its
+    host does not resolve; None when one connected, nothing decided, or no endpoint is set.
+
+    A run checks its bucket before it reads anything. Against an endpoint nobody listens on --
+    a typo, a server not started -- that check waited out the client's own retries first (gcsfs:
+    six tries, ~30 s; botocore: five, ~9 s) before saying so. A plain TCP connection answers in
+    about a second. Only a set endpoint is probed (AWS's and Google's own are not), and not
+    through a proxy: with a proxy variable set, a direct connection proves nothing.
+    """
+    if protocol in ("s3", "s3a"):
+        endpoint = _s3_endpoint()
+    elif protocol in ("gs", "gcs"):
+        endpoint = os.environ.get("STORAGE_EMULATOR_HOST")
+    else:
+        return None
+    if not endpoint or any(os.environ.get(name) or os.environ.get(name.lower()) for name in _PROXY_VARIABLES):
+        return None
+    address = _host_and_port(endpoint)
+    if address is None:
+        return None
+    import socket
+
+    refused: BaseException | None = None
+    for attempt in range(PROBE_ATTEMPTS):
+        if attempt:
+            time.sleep(PROBE_PAUSE_S)
+        try:
+            socket.create_connection(address, timeout=PROBE_TIMEOUT_S).close()
+            return None
+        except (ConnectionRefusedError, socket.gaierror) as error:
+            refused = error
+        except OSError:  # a timeout, no route: not a plain "nobody is there"; the client decides
+            return None
+    return refused
+
+
+def _host_and_port(endpoint: str) -> tuple[str, int] | None:
+    """(host, port) of `http://host:port/...`, `https://host`, or `host:port` (how
+    STORAGE_EMULATOR_HOST is often written); None when it cannot be read as one."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname or parts.scheme not in ("http", "https"):
+        return None
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
 def _s3_endpoint() -> str | None:
     """The endpoint the AWS SDKs use: `AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL`."""
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None

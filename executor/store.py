@@ -724,8 +724,9 @@ class ConditionalStore(Store):
 
     def _check_bucket(self, prefix: str) -> None:
         # A listing of a missing bucket reads as empty, and some servers (SeaweedFS) create a
-        # bucket on the first write into it: ask for the bucket itself (one request). An
-        # endpoint that takes no connection fails here after the client's own tries alone
+        # bucket on the first write into it: ask for the bucket itself (one request). A set
+        # endpoint that refuses connections fails first, in about a second (`refused_endpoint`);
+        # one that takes no connection otherwise fails here after the client's own tries alone
         # (botocore's 5, ~9 s; gcsfs's 6, ~30 s), not again under our policy: it is a wrong
         # setting far more often than an outage.
         from executor import retry
@@ -733,6 +734,9 @@ class ConditionalStore(Store):
         bucket = retry.bucket_of(prefix)
         if bucket in self._buckets_found:
             return  # once per store
+        refused = retry.refused_endpoint(self.protocol)  # (in about a second, not the client's ~30 s)
+        if refused is not None:
+            raise StoreError(retry.unreachable_message(self.protocol, prefix, refused))
         if not self._io("bucket check", prefix, self._bucket_exists, bucket, retry_unreachable=False):
             raise StoreError(retry.permanent_message("bucket", self.protocol, prefix, None))
         self._buckets_found.add(bucket)
