@@ -8,6 +8,7 @@ URL, file, step or field to fix. Exit codes: 2 for usage errors (flags), 1 for f
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -295,9 +296,14 @@ def test_a_url_without_a_bucket_is_a_usage_error_not_a_local_directory(tmp_path,
 
 
 def test_a_bucket_name_the_s3_client_refuses_is_one_error_line(tmp_path):
-    """botocore refuses the name before any request (ParamValidationError, over several lines)."""
-    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
-    result = run_study(tmp_path, "--prefix", "s3://Bad_Bucket!/out", "--dry_run", "true", env=env)
+    """botocore refuses the name before any request (ParamValidationError, over several lines).
+
+    The endpoint listens (and is never asked anything): one nobody listens on is refused first,
+    by the run's connection probe (`retry.refused_endpoint`)."""
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        endpoint = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+        result = run_study(tmp_path, "--prefix", "s3://Bad_Bucket!/out", "--dry_run", "true", env=env)
     error_line(result, 1, "s3://Bad_Bucket!/out", "the S3 client refuses it", "check the bucket name")
     only_the_script(tmp_path)
 

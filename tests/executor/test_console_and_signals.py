@@ -19,6 +19,7 @@ from executor.events import StepFailed, StepStarted, StepSucceeded
 from executor.runner import ExecutorRunError
 from executor.tree import Status, lease_path, read_status
 from tests.executor.steps_for_tests import WriteConfig, write_value
+from tests.fault_proxy import FaultProxy
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -378,35 +379,39 @@ def test_a_second_ctrl_c_while_the_first_is_recorded_leaves_no_step_running(tmp_
 def test_sigterm_while_the_plan_waits_on_storage_ends_as_ctrl_c_does(tmp_path):
     """Before the run installed its handler (the plan waiting out a storage client's retries),
     SIGTERM ended the driver by the signal: exit 143 and no message."""
-    env = {
-        "AWS_ENDPOINT_URL": "http://127.0.0.1:1",  # nothing listens: the client retries
-        "AWS_ACCESS_KEY_ID": "x",
-        "AWS_SECRET_ACCESS_KEY": "y",
-    }
     script = tmp_path / "experiment.py"
     script.write_text(SCRIPT)
-    environ = {key: value for key, value in os.environ.items() if key != "MARIN_PREFIX"}
-    environ.update(PYTHONPATH=REPO, STEP_SLEEP="0", **env)
-    process = subprocess.Popen(
-        [sys.executable, str(script), "--prefix", "s3://bucket/out"],
-        cwd=tmp_path,
-        env=environ,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        seen = []
-        for line in process.stderr:
-            seen.append(line)
-            if "retry, attempt" in line:  # waiting on the storage client
-                process.send_signal(signal.SIGTERM)
-                break
-        err = "".join(seen) + process.stderr.read()
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    # Every request fails (503, 429 or a reset), so the client retries. (A port nobody listens
+    # on no longer makes it wait: the run's connection probe refuses it at once.)
+    with FaultProxy("http://127.0.0.1:1", fault_rate=1.0, seed=1) as proxy:
+        environ = {key: value for key, value in os.environ.items() if key != "MARIN_PREFIX"}
+        environ.update(
+            PYTHONPATH=REPO,
+            STEP_SLEEP="0",
+            AWS_ENDPOINT_URL=proxy.url,
+            AWS_ACCESS_KEY_ID="x",
+            AWS_SECRET_ACCESS_KEY="y",
+        )
+        process = subprocess.Popen(
+            [sys.executable, str(script), "--prefix", "s3://bucket/out"],
+            cwd=tmp_path,
+            env=environ,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            seen = []
+            for line in process.stderr:
+                seen.append(line)
+                if "retry, attempt" in line:  # waiting on the storage client
+                    process.send_signal(signal.SIGTERM)
+                    break
+            err = "".join(seen) + process.stderr.read()
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1] == "error: interrupted"
