@@ -3,7 +3,11 @@
 Garbage is an output that no experiment manifest references, or one that failed
 (FAILED, DEP_FAILED), or one abandoned mid-run (RUNNING or no status, and no live
 lease). An output whose lease is live is being written right now and is never garbage.
-Successful outputs referenced by a manifest are never garbage.
+Successful outputs referenced by a manifest are never garbage. While any manifest under
+`experiments/` cannot be read (truncated, not JSON, a directory, no list of steps), no
+output is garbage for being unreferenced: it may be that manifest's. A tree copied or
+moved to another prefix keeps its manifests' absolute paths; they are read relative to the
+prefix each manifest records (`Experiment.output_path`).
 
 The tree is untrusted input: only directories strictly inside the prefix are listed or
 deleted (an output directory that is a symbolic link out of the prefix, or a manifest
@@ -59,10 +63,19 @@ def find_garbage(
         elif step.status in ("RUNNING", "UNKNOWN"):
             found.append((step, "abandoned: no live lease and never finished"))
         elif step.path not in referenced:
-            found.append((step, "not referenced by any experiment manifest"))
+            if tree.manifest_problems:  # it may be one of theirs: deleting it could lose a result
+                kept.append((step, f"not referenced by any manifest read, but {_unread(tree)}"))
+            else:
+                found.append((step, "not referenced by any experiment manifest"))
     found = _without_live_insides(tree, found, kept)
     sizes = tree.sizes([step for step, _ in found])
     return [Garbage(step, reason, sizes[step.path]) for step, reason in found]
+
+
+def _unread(tree: OutputTree) -> str:
+    problems = tree.manifest_problems
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{len(problems)} experiment manifest(s) could not be read: {problems[0]}{more}"
 
 
 def _without_live_insides(

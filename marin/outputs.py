@@ -253,6 +253,24 @@ class Experiment:
         git = self.record.get("git")
         return git if isinstance(git, dict) else {}
 
+    def output_path(self, entry: dict[str, Any], prefix: str) -> str | None:
+        """Where the output `entry` records is in the tree under `prefix` (None: no path).
+
+        A manifest records absolute paths under the prefix it was written for (its `prefix`
+        field). A tree copied or moved elsewhere (`cp -a`, `gsutil cp -r`, a download of a
+        colleague's bucket) keeps those names, so they are read relative to that prefix:
+        otherwise every output would look unreferenced here, and `marin gc` would delete them.
+        """
+        path = entry.get("output_path")
+        if not isinstance(path, str):  # the manifest is untrusted: a list there is no path
+            return None
+        recorded = self.record.get("prefix")
+        if isinstance(recorded, str) and recorded.rstrip("/") and recorded != prefix:
+            recorded = recorded.rstrip("/")
+            if path.startswith(recorded + "/"):
+                return prefix + path[len(recorded) :]
+        return path
+
 
 def iso_age(date: str | None, now: float | None = None) -> str:
     """'3m ago'-style age of an ISO-8601 UTC date ('' when unknown)."""
@@ -328,6 +346,8 @@ class OutputTree:
         self._real_prefix = os.path.realpath(local) if local is not None else None
         self.problems: list[str] = []
         """Files the walk did not read, and why (an experiment manifest too large, ...)."""
+        self.manifest_problems: list[str] = []
+        """Of `problems`, the experiment manifests not read: what they reference is unknown."""
 
     # -- helpers --------------------------------------------------------------
     def _map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
@@ -441,8 +461,8 @@ class OutputTree:
             raise TreeFileError(f"{path} cannot be opened ({error.strerror or error}): not read") from None
         try:
             mode = os.fstat(fd)
-            if stat.S_ISDIR(mode.st_mode):
-                return None
+            if stat.S_ISDIR(mode.st_mode):  # not "missing": gc would take its step for abandoned
+                raise TreeFileError(f"{path} is a directory, not a file: not read")
             if not stat.S_ISREG(mode.st_mode):
                 raise TreeFileError(f"{path} is not a regular file: not read")
             if mode.st_size > limit:
@@ -612,10 +632,10 @@ class OutputTree:
                 if child.is_dir and not self._alias(child.path)
             ]
         extra = {
-            entry["output_path"]
+            path
             for experiment in self.experiments
             for entry in experiment.steps
-            if self.contains(entry.get("output_path")) and entry["output_path"] not in found
+            if self.contains(path := experiment.output_path(entry, self.prefix)) and path not in found
         }
         for step in self._map(self.load_step, sorted(extra)):
             if step is not None:
@@ -751,20 +771,27 @@ class OutputTree:
     def experiments(self) -> list[Experiment]:
         """Experiment manifests, most recent first."""
         base = f"{self.prefix}/{EXPERIMENTS_DIR}"
-        entries = [e for e in self.list_dir(base) if not e.is_dir and e.name.endswith(".json")]
+        entries = [e for e in self.list_dir(base) if e.name.endswith(".json")]
 
         def load(entry: FileInfo) -> Experiment | None:
+            problem = None
             try:
-                data = self.read_record(entry.path)
+                data = None if entry.is_dir else self.read_record(entry.path)
                 record = json.loads(data) if data else None
             except TreeFileError as error:
-                self.problems.append(str(error))
-                return None
+                problem = str(error)
             except (ValueError, RecursionError):
-                self.problems.append(f"{entry.path} is not valid JSON: not read")
-                return None
-            if not isinstance(record, dict):
-                self.problems.append(f"{entry.path} is not a JSON object: not read")
+                problem = f"{entry.path} is not valid JSON: not read"
+            else:
+                if entry.is_dir:
+                    problem = f"{entry.path} is a directory, not an experiment manifest: not read"
+                elif not isinstance(record, dict):
+                    problem = f"{entry.path} is not a JSON object: not read"
+                elif not isinstance(record.get("steps"), list):
+                    problem = f"{entry.path} holds no list of steps: not read"
+            if problem is not None:
+                self.problems.append(problem)
+                self.manifest_problems.append(problem)
                 return None
             return Experiment(entry.path, record)
 
@@ -791,9 +818,8 @@ class OutputTree:
         """(manifest entry, the output as it is now or None if gone) per step of `experiment`."""
         entries = experiment.steps
 
-        def path_of(entry: dict[str, Any]) -> str:  # the manifest is untrusted: a list there is no path
-            path = entry.get("output_path")
-            return path if isinstance(path, str) else ""
+        def path_of(entry: dict[str, Any]) -> str:
+            return experiment.output_path(entry, self.prefix) or ""
 
         if "steps" in self.__dict__:
             loaded = [self.by_path.get(path_of(entry)) for entry in entries]
@@ -802,11 +828,12 @@ class OutputTree:
         return list(zip(entries, loaded, strict=True))
 
     def referenced_paths(self) -> set[str]:
+        """Outputs the experiment manifests read reference (`manifest_problems`: those not read)."""
         return {
-            entry["output_path"]
+            path
             for experiment in self.experiments
             for entry in experiment.steps
-            if isinstance(entry.get("output_path"), str)
+            if (path := experiment.output_path(entry, self.prefix)) is not None
         }
 
 

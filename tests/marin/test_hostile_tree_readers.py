@@ -74,7 +74,7 @@ def test_gc_never_deletes_a_referenced_output_through_a_link_inside_the_prefix(t
     assert OutputTree(tree).find("notes/first").status == "SUCCESS"
 
 
-@pytest.mark.parametrize("damage", ["too_large", "fifo", "unknown_word"])
+@pytest.mark.parametrize("damage", ["too_large", "fifo", "directory", "unknown_word"])
 def test_gc_keeps_an_output_whose_status_file_it_could_not_read(tree, capsys, damage):
     path = step_dir(tree)
     status = os.path.join(path, STATUS_FILE)
@@ -84,6 +84,9 @@ def test_gc_keeps_an_output_whose_status_file_it_could_not_read(tree, capsys, da
     elif damage == "fifo":
         os.remove(status)
         os.mkfifo(status)
+    elif damage == "directory":  # was read as "no status file": abandoned, and deleted
+        os.remove(status)
+        os.mkdir(status)
     else:  # a status word this version does not know (a newer executor's, say)
         with open(status, "a") as handle:
             handle.write(json.dumps({"date": "2026-11-24T03:07:28.570Z", "status": "ARCHIVED"}) + "\n")
@@ -95,6 +98,82 @@ def test_gc_keeps_an_output_whose_status_file_it_could_not_read(tree, capsys, da
     assert "kept notes/first-" in out and "its state is unknown" in out, out
     assert "nothing to collect" in out, out
     assert os.path.exists(os.path.join(path, "note.txt"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "too_large", "directory", "no_steps"])
+def test_gc_deletes_nothing_as_unreferenced_while_a_manifest_is_unread(tree, capsys, damage):
+    """Found by a red-team pass (twenty-second session): one unreadable manifest made `gc --yes`
+    delete every successful output it referenced, with no warning."""
+    manifest = only_manifest(tree)
+    if damage == "truncated":  # a disk that filled up mid-write
+        with open(manifest, "r+b") as handle:
+            handle.truncate(os.path.getsize(manifest) // 2)
+    elif damage == "too_large":
+        with open(manifest, "r+b") as handle:
+            handle.truncate(300 * 2**20)
+    elif damage == "directory":
+        os.remove(manifest)
+        os.mkdir(manifest)
+    else:
+        edit_json(manifest, lambda record: record.pop("steps"))
+
+    code, out, err = marin(capsys, "gc", "--prefix", tree, "--yes")
+
+    assert code == 0, out + err
+    assert "nothing to collect" in out, out
+    assert out.count("could not be read") == 2, out  # one "kept" line per output
+    assert os.path.basename(manifest) in out, out
+    for name in ("notes/first", "notes/second"):
+        assert os.path.exists(os.path.join(step_dir(tree, name), "note.txt")), out
+
+
+def test_gc_still_collects_a_failed_output_while_a_manifest_is_unread(tree, capsys):
+    """An unread manifest spares what it may reference; a failed output is garbage either way."""
+    path = step_dir(tree)
+    edit_last_status(path, lambda event: event.update(status="FAILED", message="boom"))
+    with open(only_manifest(tree), "w") as handle:
+        handle.write("{not json")
+
+    code, out, err = marin(capsys, "gc", "--prefix", tree, "--yes")
+
+    assert code == 0, out + err
+    assert "deleted 1 output(s)" in out, out
+    assert not os.path.exists(path)
+    assert os.path.exists(os.path.join(step_dir(tree, "notes/second"), "note.txt"))
+
+
+@pytest.mark.parametrize("how", ["copied", "moved"])
+def test_gc_keeps_the_outputs_of_a_tree_copied_or_moved_to_another_prefix(tree, tmp_path, capsys, how):
+    """The manifests keep the absolute paths of the prefix they were written for: read relative
+    to it, so that a tree copied (`cp -a`, a bucket downloaded) or moved is still referenced."""
+    import shutil
+
+    elsewhere = str(tmp_path / "elsewhere")
+    (shutil.copytree(tree, elsewhere, symlinks=True) if how == "copied" else shutil.move(tree, elsewhere))
+
+    code, out, err = marin(capsys, "gc", "--prefix", elsewhere, "--yes")
+    assert code == 0, out + err
+    assert "nothing to collect" in out, out
+    for name in ("notes/first", "notes/second"):
+        assert os.path.exists(os.path.join(step_dir(elsewhere, name), "note.txt")), out
+
+    code, out, err = marin(capsys, "tree", "--prefix", elsewhere)
+    assert code == 0, out + err
+    assert "MISSING" not in out and "SUCCESS" in out, out
+
+
+def test_a_manifest_naming_outputs_outside_its_recorded_prefix_is_not_relocated(tree, tmp_path, capsys):
+    """Only paths under the manifest's own recorded prefix are read relative to it."""
+    import shutil
+
+    elsewhere = str(tmp_path / "elsewhere")
+    shutil.copytree(tree, elsewhere, symlinks=True)
+    edit_json(only_manifest(elsewhere), lambda record: record.update(prefix=str(tmp_path / "nowhere")))
+
+    code, out, err = marin(capsys, "gc", "--prefix", elsewhere)
+
+    assert code == 0, out + err
+    assert out.count("not referenced by any experiment manifest") == 2, out
 
 
 def test_gc_still_collects_an_output_with_no_status_file(tree, capsys):
