@@ -66,6 +66,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import queue
 import re
 import signal
@@ -100,6 +101,8 @@ from executor.plan import Action, Plan, PlannedStep
 from executor.store import Store
 from executor.terminal import one_line
 from executor.tree import (
+    LEASE_FILE,
+    OutputGuard,
     Status,
     append_status,
     log_path,
@@ -222,6 +225,7 @@ class Runner:
         self._continued: set[str] = set()
         self._continue_lock = threading.Lock()
         self.run_record: dict[str, Any] = {}
+        self._guard = OutputGuard(store, plan.graph.prefix)
 
     # -- main thread ----------------------------------------------------------
     def lease_lost(self, output_path: str) -> None:
@@ -316,7 +320,8 @@ class Runner:
             return
         if kind == "lost":
             self.emit(StepFailed(todo[path].name, path, kind=outcome.value, error=error))
-        summary.failures.append(Failure(todo[path].name, path, outcome, error, log_path(path)))
+        log = log_path(path) if self._guard.refusal(path) is None else None  # (refused: none written)
+        summary.failures.append(Failure(todo[path].name, path, outcome, error, log))
         for child in self._descendants(path, dependents):
             if child in summary.outcomes:
                 continue
@@ -355,6 +360,8 @@ class Runner:
         self.emit(StepFailed(row.name, row.output_path, kind=Outcome.DEP_FAILED.value, error=message))
         if row.action == Action.WAIT:
             return  # another driver owns it
+        if self._guard.refusal(row.output_path) is not None:
+            return  # (the line would be written through a link out of the prefix)
         if self.leases.try_acquire(row.output_path).acquired:
             try:
                 append_status(self.store, row.output_path, Status.DEP_FAILED, message, self.leases.worker_id)
@@ -563,6 +570,10 @@ class Runner:
         if row.action == Action.ERROR:  # planned as an error (its status file cannot be read): never run
             self.emit(StepFailed(row.name, path, kind="error", error=row.reason))
             return Outcome.FAILED, row.reason
+        refusal = self._guard.refusal(path)
+        if refusal is not None:  # nothing written: not even a FAILED line, which would go through the link
+            self.emit(StepFailed(row.name, path, kind="error", error=refusal))
+            return Outcome.FAILED, refusal
         announced: str | None = None
         follower: _LogFollower | None = None
         # The plan read the status of a step it runs: try the lease first, and read the
@@ -595,7 +606,10 @@ class Runner:
                     self.leases.release(path)
                     self.emit(StepSkipped(row.name, path, reason="finished by another driver"))
                     return Outcome.SKIPPED, "finished by another driver"
-                if last is not None:  # an earlier attempt ran here (FAILED, or RUNNING and died)
+                # An earlier attempt ran here (FAILED, or RUNNING and died), or the directory was
+                # there before this step's first attempt (a tree shared with others: links to
+                # plant, temporary files to leave in an output marked SUCCESS).
+                if last is not None or self._found_files(path):
                     self._remove_leftovers(row)
                 return self._run_holding_lease(row)
             holder = attempt.holder
@@ -608,6 +622,18 @@ class Runner:
                 follower.poll()  # show what the step running elsewhere writes to its log
             self._stop.wait(self.leases.config.poll_interval)
         return Outcome.INTERRUPTED, "interrupted"
+
+    def _found_files(self, output_path: str) -> bool:
+        """Whether the local output holds anything but the lease just taken (one directory read;
+        a new step's directory holds nothing else). Object stores have no links to plant."""
+        local = self.store.local_path(output_path)
+        if local is None:
+            return False
+        try:
+            with os.scandir(local) as listing:
+                return any(entry.name != LEASE_FILE for entry in listing)
+        except OSError:
+            return False
 
     def _remove_leftovers(self, row: PlannedStep) -> None:
         """Remove the temporary files an earlier attempt's unfinished atomic writes left in the

@@ -439,6 +439,54 @@ def remove_links_leading_out(store: Store, output_path: str) -> list[str]:
     return sorted(removed)
 
 
+class OutputGuard:
+    """Refuses a local step output reached through a symbolic link that leads out of the prefix.
+
+    A tree shared with others may hold `<prefix>/a-1234abcd -> ~/` (or a link in place of a
+    directory above it, `<prefix>/tokenized -> /elsewhere`): the step's lease, records and
+    output would be written there, with the writer's permissions. `refusal` says why a step
+    must not run (None: it may), before anything of it is written; it costs one `lstat` a step,
+    and one `realpath` per parent directory and run. Links that stay inside the prefix are
+    allowed; object stores have no links.
+    """
+
+    def __init__(self, store: Store, prefix: str):
+        self._store = store
+        local = store.local_path(prefix)
+        self._prefix = local
+        self._real_prefix = os.path.realpath(local) if local is not None else None
+        self._parents: dict[str, str | None] = {}
+
+    def refusal(self, output_path: str) -> str | None:
+        local = self._store.local_path(output_path)
+        if local is None or self._real_prefix is None or not is_within(local, self._prefix):
+            return None
+        parent = os.path.dirname(local)
+        if parent not in self._parents:  # (the steps of a run share a few parents)
+            self._parents[parent] = self._leads_out(parent)
+        found = self._parents[parent]
+        if found is None and os.path.islink(local):
+            found = self._leads_out(local)
+        if found is None:
+            return None
+        return (
+            f"{found} is a symbolic link to {os.path.realpath(found)}, outside the prefix "
+            f"{self._real_prefix}: the step would write there, so it is not run. Remove the link "
+            "(a run writes only inside its prefix; to use another disk, put the prefix there)"
+        )
+
+    def _leads_out(self, local: str) -> str | None:
+        """The first path from the prefix down to `local` that resolves outside the prefix."""
+        if is_within(os.path.realpath(local), self._real_prefix):
+            return None
+        relative = os.path.relpath(local, self._prefix).split(os.sep)
+        for depth in range(1, len(relative) + 1):
+            path = os.path.join(self._prefix, *relative[:depth])
+            if not is_within(os.path.realpath(path), self._real_prefix):
+                return path
+        return local
+
+
 def append_status(
     store: Store,
     output_path: str,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import Executor, ExecutorRunError, ExecutorStep, this_output_path
+from executor import Executor, ExecutorRunError, ExecutorStep, output_path_of, this_output_path
 from executor.store import LocalStore, open_store
 from executor.tree import Status, read_last_status, remove_leftover_temp_files
 
@@ -178,7 +178,7 @@ def test_a_retried_step_marked_success_holds_no_temp_file_of_the_failed_attempt(
 
 
 def test_a_first_attempt_lists_nothing(tmp_path, monkeypatch):
-    """A cold step (no earlier attempt) pays no listing of its output."""
+    """A cold step (no earlier attempt, a new directory) pays no walk of its output."""
     import executor.runner
 
     calls = []
@@ -223,3 +223,114 @@ def test_a_rerun_does_not_write_through_a_link_leading_out_of_its_output(tmp_pat
     from executor.tree import remove_links_leading_out
 
     assert remove_links_leading_out(open_store(str(prefix)), str(output)) == []  # nothing left
+
+
+# -- a shared tree: links planted before a step's first attempt, links in place of directories --
+@dataclass(frozen=True)
+class WriteConfig:
+    output_path: str
+
+
+def write_result(config: WriteConfig) -> None:
+    with open(os.path.join(config.output_path, "result.json"), "w") as handle:
+        handle.write('{"whole": true}')
+
+
+def write_step(name: str = "group/write") -> ExecutorStep:
+    return ExecutorStep(name=name, fn=write_result, config=WriteConfig(this_output_path()))
+
+
+def planned_output(prefix: Path, step: ExecutorStep) -> Path:
+    rows = Executor(str(prefix), console=False).run([step], dry_run=True).rows
+    (row,) = [row for row in rows if row.name == step.name]
+    return Path(row.output_path)
+
+
+def test_a_first_attempt_does_not_write_through_links_planted_in_its_directory(tmp_path, caplog):
+    """Found by a red-team pass (twenty-second session): the links were removed only before a
+    re-run, so a directory left with no status file had the first attempt write through them."""
+    prefix, step = tmp_path / "prefix", write_step()
+    output = planned_output(prefix, step)
+    output.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    os.symlink(victim, output / "result.json")
+    (output / ".tmp-0123abcd-result.json").write_text("planted")
+    with caplog.at_level(logging.INFO, logger="executor.runner"):
+        Executor(str(prefix), console=False).run([step])
+    assert victim.read_text() == "mine"
+    assert (output / "result.json").read_text() == '{"whole": true}'
+    assert not (output / ".tmp-0123abcd-result.json").exists()  # not inside an output marked SUCCESS
+    assert read_last_status(LocalStore(), str(output)).status == Status.SUCCESS
+    assert any("removed 1 symbolic link(s) leading out of its output" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("where", ["output", "parent"])
+def test_a_step_reached_through_a_link_out_of_the_prefix_is_refused_and_nothing_written_there(
+    tmp_path, capsys, where
+):
+    """`<prefix>/group/write-<hash> -> elsewhere` (or `<prefix>/group -> elsewhere`): its lease,
+    records, log and output went into `elsewhere`, with the writer's permissions."""
+    from tests.marin.sample_tree import FAST_LEASES
+
+    prefix, step = tmp_path / "prefix", write_step()
+    dependent = ExecutorStep(
+        name="after",
+        fn=write_result_after,
+        config=AfterConfig(this_output_path(), output_path_of(step, "result.json")),
+    )
+    other = write_step("other")
+    output = planned_output(prefix, step)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = output if where == "output" else output.parent
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(elsewhere, link)
+
+    with pytest.raises(ExecutorRunError) as raised:
+        Executor(str(prefix), console=False, lease_config=FAST_LEASES).run([step, dependent, other])
+
+    assert list(elsewhere.iterdir()) == []  # no lease, no status, no info, no log, no output
+    message = str(raised.value)
+    assert f"{link} is a symbolic link to {elsewhere}, outside the prefix {prefix}" in message, message
+    assert "Remove the link" in message
+    refused = [line for line in message.splitlines() if "group/write [failed]" in line]
+    following = message.splitlines()[message.splitlines().index(refused[0]) + 1 :]
+    assert not (following and following[0].strip().startswith("log:")), message  # none was written
+    assert (planned_output(prefix, other) / "result.json").exists()  # unrelated steps still run
+    after = planned_output(prefix, dependent)
+    assert read_last_status(LocalStore(), str(after)).status == Status.DEP_FAILED  # inside: recorded
+    capsys.readouterr()
+
+
+@dataclass(frozen=True)
+class AfterConfig:
+    output_path: str
+    upstream: str
+
+
+def write_result_after(config: AfterConfig) -> None:
+    write_result(WriteConfig(config.output_path))
+
+
+def test_a_link_that_stays_inside_the_prefix_is_followed(tmp_path):
+    """Only links leading out of the prefix are refused: an alias inside it writes inside it."""
+    prefix, step = tmp_path / "prefix", write_step()
+    output = planned_output(prefix, step)
+    (prefix / "real-group").mkdir(parents=True)
+    os.symlink(prefix / "real-group", output.parent)
+    Executor(str(prefix), console=False).run([step])
+    assert (prefix / "real-group" / output.name / "result.json").read_text() == '{"whole": true}'
+
+
+def test_an_override_output_path_outside_the_prefix_is_the_users_own_choice(tmp_path):
+    """The guard is for names under the prefix: a path the experiment declares is written."""
+    target = tmp_path / "declared"
+    step = ExecutorStep(
+        name="declared",
+        fn=write_result,
+        config=WriteConfig(this_output_path()),
+        override_output_path=str(target),
+    )
+    Executor(str(tmp_path / "prefix"), console=False).run([step])
+    assert (target / "result.json").exists()
