@@ -21,6 +21,7 @@ where `--into` says. Reading a tree parses JSON only and runs none of its names;
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 
 from executor.main import resolve_prefix
 from executor.outcomes import ExecutorRunError
-from executor.store import StoreError
+from executor.store import StoreError, normalize_prefix, open_store
 from executor.template import TemplateError
 from executor.tree import Status, info_path, utc_now_iso
 from marin.explain import explain, previous_version
@@ -368,6 +369,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise CliError(f"--from was removed: {MOVED_FLAGS}")
     if args.into is None:
         raise CliError(f"say where to rebuild with --into NEW. {MOVED_FLAGS}")
+    if not args.into.strip():  # (an empty path is the working directory: not a fresh prefix)
+        raise CliError("--into is empty: give a fresh prefix to rebuild into")
+    try:
+        open_store(normalize_prefix(args.into))
+    except StoreError as error:  # an unknown scheme, `s3://` with no bucket
+        raise CliError(f"--into: {error}") from None
     source = args.prefix
     if source is None and ("://" in args.ref or args.ref.startswith("/") or os.path.isdir(args.ref)):
         source = _prefix_of_output(args.ref if "://" in args.ref else os.path.abspath(args.ref))
@@ -437,7 +444,17 @@ def cmd_browse(args: argparse.Namespace) -> int:
     from marin.web import start_server
 
     tree = _tree(args)
-    server = start_server(tree.prefix, host=args.host, port=args.port)
+    try:
+        server = start_server(tree.prefix, host=args.host, port=args.port)
+    except OSError as error:  # the port taken, a host that does not resolve or is not this machine's
+        where = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
+        reason = error.strerror or str(error) or type(error).__name__
+        raise CliError(
+            f"cannot listen on {where}: {reason} (another program on that port? pick another --port, "
+            "or --port 0 for any free one)"
+            if isinstance(error.errno, int) and error.errno == errno.EADDRINUSE
+            else f"cannot listen on {where}: {reason}"
+        ) from None
     print(f"browsing {tree.prefix} at {server.url} (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
@@ -613,12 +630,23 @@ def build_parser() -> argparse.ArgumentParser:
     predicted.set_defaults(fn=cmd_predictions)
 
     browse = commands.add_parser("browse", parents=[common], help="start the web browser and print its URL")
-    browse.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
+    browse.add_argument("--port", type=_port, default=8765, help="port (0: any free one)")
     browse.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
     )
     browse.set_defaults(fn=cmd_browse)
     return parser
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0-65535 (argparse names the flag when this raises)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535 (0: any free one), got {port}")
+    return port
 
 
 def main(argv: Sequence[str] | None = None) -> int:

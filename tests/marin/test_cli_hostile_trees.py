@@ -11,7 +11,10 @@ import os
 import re
 from dataclasses import dataclass
 
+import pytest
+
 from executor import Executor, ExecutorStep, this_output_path, versioned
+from tests.marin import sample_tree
 from tests.marin.sample_tree import FAST_LEASES, marin
 
 
@@ -141,3 +144,59 @@ def test_reproduce_walks_a_chain_thousands_of_steps_deep(tmp_path, capsys):
     assert "not valid JSON" not in err
     assert "rebuilt 1500 step(s) with identical version hashes" in out
     assert "outputs are identical" in out
+
+
+# -- bad flags and a taken port: one line, no traceback (red-team pass, twenty-second session) --
+@pytest.mark.parametrize(
+    "into, expected",
+    [
+        ("foo://x", "--into: no filesystem for 'foo://x'"),
+        ("s3://", "--into: prefix 's3://' names no bucket"),
+        ("", "--into is empty"),
+        ("  ", "--into is empty"),
+    ],
+)
+def test_reproduce_refuses_a_bad_into_in_one_line(tmp_path, capsys, into, expected):
+    prefix = str(tmp_path / "tree")
+    Executor(prefix, console=False).run(sample_tree.note_steps("hi"))
+    code, out, err = marin(capsys, "reproduce", "notes/first", "--prefix", prefix, "--into", into)
+    assert code == 2, out + err
+    assert err.startswith("marin reproduce: ") and expected in err, err
+    assert "Traceback" not in out + err
+    assert os.listdir(tmp_path) == ["tree"]  # nothing made anywhere
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "x", "1e3"])
+def test_browse_refuses_a_port_that_is_not_one(tmp_path, capsys, port):
+    with pytest.raises(SystemExit) as raised:  # argparse: usage, the flag named, exit 2
+        marin(capsys, "browse", "--prefix", str(tmp_path), "--port", port)
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --port:" in err and "Traceback" not in err, err
+
+
+def test_browse_on_a_taken_port_says_so_in_one_line(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = marin(capsys, "browse", "--prefix", str(tmp_path), "--port", str(port))
+    assert code == 2, out + err
+    assert f"marin browse: cannot listen on 127.0.0.1:{port}: Address already in use" in err, err
+    assert "--port 0 for any free one" in err and "Traceback" not in err
+
+
+def test_browse_on_a_host_that_does_not_resolve_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    import socket
+
+    def no_such_host(*args, **kwargs):  # deterministic: no resolver is asked
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
+    code, out, err = marin(
+        capsys, "browse", "--prefix", str(tmp_path), "--host", "no.such.invalid", "--port", "0"
+    )
+    assert code == 2, out + err
+    assert "marin browse: cannot listen on no.such.invalid:0: Name or service not known" in err, err
