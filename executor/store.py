@@ -529,9 +529,9 @@ class LocalStore(Store):
     def child_names(self, path: str) -> frozenset[str] | None:
         try:
             return frozenset(os.listdir(self.fs_path(path)))
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return frozenset()
-        except OSError:  # unreadable listing: let the caller read each child (and report it)
+        except OSError:  # unreadable, or a file in the way: let the caller read each child (and report it)
             return None
 
     def makedirs(self, path: str) -> None:
@@ -551,7 +551,12 @@ class LocalStore(Store):
                 _write_all(fd, _to_bytes(data))
             finally:
                 os.close(fd)
-            os.replace(temp, target)
+            try:
+                os.replace(temp, target)
+            except IsADirectoryError:  # (a tree someone else wrote: nothing here removes a directory)
+                raise StoreError(
+                    f"cannot write {path}: a directory is in its place; delete or move it, then run again"
+                ) from None
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)

@@ -296,9 +296,9 @@ def read_last_status_local(store: Store, output_path: str) -> StatusEvent | OurS
     (which reads the file again and names it)."""
     try:
         fd = os.open(store.local_path(f"{output_path}/{STATUS_FILE}"), LOCAL_READ_FLAGS)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return None
-    except OSError:  # a link in its place (ELOOP), ...: the general reader words it
+    except OSError:  # a link in its place (ELOOP), a file in the output's (ENOTDIR), ...: worded there
         return read_last_status(store, output_path)
     try:
         data = os.read(fd, STATUS_TAIL_BYTES)
@@ -313,6 +313,16 @@ def read_last_status_local(store: Store, output_path: str) -> StatusEvent | OurS
         if fast is not None:
             return OurSuccessLine(fast)
     return read_last_status(store, output_path)
+
+
+def _file_in_place_of_directory(local_output: str) -> StatusFileError:
+    """The error for a step whose output directory (or a directory above it) is something
+    else, a regular file say: the step would fail on its first write (ENOTDIR), so the plan
+    says it, naming what is in the way."""
+    path = local_output
+    while path != os.path.dirname(path) and not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return StatusFileError(path, "it is not a directory", what="output directory")
 
 
 def read_status(store: Store, output_path: str) -> list[StatusEvent]:
@@ -335,8 +345,10 @@ def _read_local_head(local: str, path: str) -> bytes | None:
     None when it does not exist. Raises like `_read_tail`."""
     try:
         fd = os.open(local, LOCAL_READ_FLAGS)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        raise _file_in_place_of_directory(os.path.dirname(local)) from None
     except OSError as error:
         raise _named(path, special_file_error(local, error)) from error
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import Executor, ExecutorStep, output_path_of, this_output_path, versioned
+from executor import Executor, ExecutorRunError, ExecutorStep, output_path_of, this_output_path, versioned
 from executor.plan import Action
 from executor.store import LocalStore, MemoryStore, open_store
 from executor.tree import (
@@ -204,6 +204,55 @@ def test_a_bad_status_file_makes_an_error_row_and_plans_the_rest(tmp_path, kind)
     )
     assert rows["c"].action == Action.RUN
     assert rows["done"].action == Action.SKIP
+
+
+@pytest.mark.parametrize("where", ["output", "parent"])
+def test_a_file_in_place_of_the_output_directory_is_an_error_row_naming_it(tmp_path, where):
+    """Found by a red-team pass (twenty-second session): the plan said `run ... no output yet`
+    and the run failed with `executor error: NotADirectoryError: ... .executor_status.lock`."""
+    a = ExecutorStep("group/a", write_value, WriteConfig(output_path=this_output_path(), key="a"))
+    c = step("c", 3)
+    a_path = Path(Executor(str(tmp_path), console=False).run([a], dry_run=True).rows[0].output_path)
+    in_the_way = a_path if where == "output" else a_path.parent
+    in_the_way.parent.mkdir(parents=True, exist_ok=True)
+    in_the_way.write_text("not a directory")
+
+    rows = {row.name: row for row in Executor(str(tmp_path), console=False).run([a, c], dry_run=True).rows}
+    assert rows["group/a"].action == Action.ERROR
+    assert rows["group/a"].reason.startswith(
+        f"cannot read the output directory {in_the_way}: it is not a directory. Delete it"
+    ), rows["group/a"].reason
+    assert rows["c"].action == Action.RUN
+    with pytest.raises(ExecutorRunError, match="cannot read the output directory"):
+        Executor(str(tmp_path), console=False).run([a, c])
+    assert in_the_way.read_text() == "not a directory"  # nothing removed
+    assert Path(
+        Executor(str(tmp_path), console=False).run([c], dry_run=True).rows[0].output_path, "value.json"
+    ).exists()
+
+
+def test_a_directory_in_place_of_the_info_file_fails_the_step_in_one_line(tmp_path):
+    """A re-run writes `.executor_info` by renaming over it: a directory there made the step fail
+    with `executor error: IsADirectoryError: [Errno 21] ... .tmp-...-.executor_info' -> ...`."""
+    a, c = step("a", 1), step("c", 3)
+    a_path = Path(Executor(str(tmp_path), console=False).run([a], dry_run=True).rows[0].output_path)
+    a_path.mkdir(parents=True)
+    (a_path / ".executor_status").write_bytes(b'{"date": "2026-01-01T00:00:00.000Z", "status": "FAILED"}\n')
+    (a_path / ".executor_info").mkdir()
+    (a_path / ".executor_info" / "kept.txt").write_text("someone's")
+
+    with pytest.raises(ExecutorRunError) as raised:
+        Executor(str(tmp_path), console=False).run([a, c], force_run_failed=True)
+
+    message = str(raised.value)
+    assert f"cannot write {a_path}/.executor_info: a directory is in its place; delete or move it" in message
+    assert "Errno" not in message and ".tmp-" not in message, message
+    assert (a_path / ".executor_info" / "kept.txt").read_text() == "someone's"
+    assert not [name for name in os.listdir(a_path) if name.startswith(".tmp-")]
+    assert not (a_path / ".executor_status.lock").exists()  # the lease was released
+    assert Path(
+        Executor(str(tmp_path), console=False).run([c], dry_run=True).rows[0].output_path, "value.json"
+    ).exists()
 
 
 def test_run_only_treats_a_dependency_with_a_bad_status_file_as_not_done(tmp_path):

@@ -115,7 +115,11 @@ def test_the_local_status_reader_on_missing_files_and_directories(tmp_path):
     store = LocalStore()
     assert read_last_status_local(store, str(tmp_path / "absent")) is None
     (tmp_path / "file").write_text("x")
-    assert read_last_status_local(store, str(tmp_path / "file")) is None  # its parent is a file
+    # Its parent is a file: the step's first write would fail (ENOTDIR), so the plan says it.
+    with pytest.raises(
+        StatusFileError, match=f"the output directory {tmp_path / 'file'}: it is not a directory"
+    ):
+        read_last_status_local(store, str(tmp_path / "file"))
     (tmp_path / "step" / ".executor_status").mkdir(parents=True)
     with pytest.raises(StatusFileError, match="directory"):
         read_last_status_local(store, str(tmp_path / "step"))

@@ -353,9 +353,17 @@ def test_a_directory_in_place_of_the_status_file_is_refused(tmp_path):
         assert caught.value.path == tree.status_path(str(output))
 
 
-def test_a_file_in_place_of_the_output_directory_reads_as_no_status(tmp_path):
+def test_a_file_in_place_of_the_output_directory_is_refused_naming_it(tmp_path):
+    """(Read as "no status" until the twenty-second session: the step then failed on its first
+    write with a raw NotADirectoryError.)"""
     (tmp_path / "step").write_text("not a directory")
-    assert read_last_status(LocalStore(), str(tmp_path / "step")) is None
+    with pytest.raises(StatusFileError) as caught:
+        read_last_status(LocalStore(), str(tmp_path / "step"))
+    assert (caught.value.path, caught.value.why, caught.value.what) == (
+        str(tmp_path / "step"),
+        "it is not a directory",
+        "output directory",
+    )
     assert read_status(LocalStore(), str(tmp_path / "step")) == []
 
 
