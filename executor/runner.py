@@ -85,6 +85,7 @@ from executor.events import (
     StepSucceeded,
     StepWaiting,
 )
+from executor.interrupts import stop_running_work
 from executor.lease import LeaseManager
 from executor.logs import capture_step_log, streams_wrapped
 from executor.mirror import MirrorError
@@ -374,6 +375,9 @@ class Runner:
                 self.backend.cancel(path)
             except Exception:
                 logger.exception("could not stop %s", path)
+        # What light steps wait on in other processes (shard workers, Ray tasks) ends before
+        # any lease is released: it would go on writing into outputs another driver may take.
+        stop_running_work()
         for path in running:
             with self._step_locks.setdefault(path, threading.Lock()):  # (set by `_dispatch`)
                 if self.leases.holds(path) or self._reclaim_unfinished(path):

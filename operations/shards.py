@@ -31,7 +31,10 @@ function over them:
 - with no orphans: a local worker dies with its driver (on Linux the kernel kills it,
   `PR_SET_PDEATHSIG`; a worker from a fork server watches the driver), so a SIGKILLed
   driver leaves no worker writing into its output, and an exception or Ctrl-C in the
-  driver terminates the workers instead of waiting for the shards under way;
+  driver terminates the workers instead of waiting for the shards under way. Run in an
+  executor step's thread, which never sees a Ctrl-C or SIGTERM, the map registers with
+  `executor.interrupts`: the interrupted run ends its workers (or cancels its Ray tasks)
+  before it releases the step's lease;
 - resumably: a shard whose output and counters both exist is not processed again, so a
   crashed step re-run picks up where it stopped;
 - deterministically: output shard i depends only on input shard i, gzip headers carry
@@ -64,6 +67,7 @@ from typing import IO, Any
 
 import fsspec
 
+from executor.interrupts import stop_on_interrupt
 from operations.ray_util import ensure_ray, ray_connected
 
 SHARD_SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl")
@@ -340,6 +344,29 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _end_workers_now(pool: ProcessPoolExecutor) -> None:
+    """End the pool's workers from another thread than the one waiting on the pool (the run
+    was interrupted): SIGTERM, SIGKILL after `_TERMINATE_GRACE_SECONDS`; returns once they
+    have exited. Reaping them is left to the pool's own threads (`_stop_workers`), so that no
+    two threads wait for the same process."""
+    from multiprocessing.connection import wait
+
+    processes = [p for p in list((getattr(pool, "_processes", None) or {}).values()) if p.pid is not None]
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + _TERMINATE_GRACE_SECONDS
+    left = {process.sentinel: process for process in processes}
+    while left and time.monotonic() < deadline:
+        for sentinel in wait(list(left), timeout=max(0.0, deadline - time.monotonic())):
+            left.pop(sentinel, None)
+    for process in left.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+    if left:
+        wait(list(left), timeout=_TERMINATE_GRACE_SECONDS)
+
+
 def _run_one(fn: ShardFunction, input_shard: str, output_shard: str, stats_path: str) -> dict[str, Any]:
     stats = fn(input_shard, output_shard)
     write_json_atomic(stats_path, stats)
@@ -399,17 +426,26 @@ def map_shards(
                 initializer=_init_worker,
                 initargs=(os.getpid(), context.get_start_method() != "forkserver"),
             )
+            interrupted = threading.Event()
+
+            def stop_on_interrupt_of_the_run() -> None:  # (from the driver's main thread)
+                interrupted.set()
+                _end_workers_now(pool)
+
             try:
-                futures = {
-                    pool.submit(_run_one, fn, input_shard, output_shard, stats_path): index
-                    for index, input_shard, output_shard, stats_path in jobs
-                }
-                for future in as_completed(futures):
-                    try:
-                        results[futures[future]] = future.result()
-                    except BrokenProcessPool as broken:  # a worker was killed (OOM killer, kill -9)
-                        raise _worker_died(jobs, results) from broken
-                    progress.update()
+                with stop_on_interrupt(stop_on_interrupt_of_the_run):
+                    futures = {
+                        pool.submit(_run_one, fn, input_shard, output_shard, stats_path): index
+                        for index, input_shard, output_shard, stats_path in jobs
+                    }
+                    for future in as_completed(futures):
+                        try:
+                            results[futures[future]] = future.result()
+                        except BrokenProcessPool as broken:  # a worker was killed (OOM killer, kill -9)
+                            if interrupted.is_set():
+                                raise ShardError(f"{description}: interrupted") from None
+                            raise _worker_died(jobs, results) from broken
+                        progress.update()
             except BaseException:
                 _stop_workers(pool)
                 raise
@@ -466,27 +502,32 @@ def _map_on_ray(
     sys_path = ray.put([entry for entry in sys.path if entry])
     pending = deque(jobs)
     running: dict[Any, tuple[int, str, str, str]] = {}
-    try:
-        while pending or running:
-            while pending and len(running) < limit:
-                job = pending.popleft()
-                running[task.remote(blob, sys_path, *job[1:])] = job
-            done, _ = ray.wait(list(running), num_returns=1)
-            for ref in done:
-                index, input_shard, output_shard, _stats = running.pop(ref)
-                try:
-                    results[index] = ray.get(ref)
-                except ray.exceptions.RayError as error:
-                    cause = getattr(error, "cause", None) or error
-                    raise ShardError(
-                        f"{description}: shard {index} ({input_shard} -> {output_shard}) failed on a Ray "
-                        f"worker: {type(cause).__name__}: {cause}"
-                    ) from cause
-                advance()
-    except BaseException:
-        for ref in running:
+
+    def cancel_running() -> None:  # (the run was interrupted: from the driver's main thread)
+        for ref in list(running):
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
+
+    try:
+        with stop_on_interrupt(cancel_running):
+            while pending or running:
+                while pending and len(running) < limit:
+                    job = pending.popleft()
+                    running[task.remote(blob, sys_path, *job[1:])] = job
+                done, _ = ray.wait(list(running), num_returns=1)
+                for ref in done:
+                    index, input_shard, output_shard, _stats = running.pop(ref)
+                    try:
+                        results[index] = ray.get(ref)
+                    except ray.exceptions.RayError as error:
+                        cause = getattr(error, "cause", None) or error
+                        raise ShardError(
+                            f"{description}: shard {index} ({input_shard} -> {output_shard}) failed on a "
+                            f"Ray worker: {type(cause).__name__}: {cause}"
+                        ) from cause
+                    advance()
+    except BaseException:
+        cancel_running()
         raise
 
 

@@ -138,6 +138,69 @@ class HeldDriver:
         self.process.stderr.close()
 
 
+STEP_DRIVER = f"""
+import sys
+from dataclasses import dataclass
+from executor import Executor, ExecutorStep, this_output_path
+from executor.lease import LeaseConfig
+from operations.shards import map_shards
+from tests.operations.test_shards import numbered_shard, shard_inputs
+
+@dataclass(frozen=True)
+class Config:
+    output_path: str
+
+def shards_step(config):
+    map_shards(numbered_shard, shard_inputs(), config.output_path, workers={WORKERS})
+
+step = ExecutorStep(name="sharded", fn=shards_step, config=Config(this_output_path()))
+Executor(sys.argv[1], console=False, lease_config=LeaseConfig(heartbeat_interval=0.5, timeout=3)).run([step])
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_run_ends_a_data_steps_workers_before_it_releases_the_lease(tmp_path, signum):
+    """Found by a red-team pass (twenty-second session): a step runs in a thread of the driver,
+    which never saw the Ctrl-C (or SIGTERM to the driver alone). The driver recorded the step
+    as interrupted and released its lease while the shard workers went on writing the output,
+    and a second driver could take the step at once and write the same files."""
+    holds, prefix = tmp_path / "holds", tmp_path / "prefix"
+    holds.mkdir()
+    env = {**os.environ, HOLD_ENV: str(holds), "PYTHONPATH": str(REPO)}
+    env.pop(FAKE_JAX_ENV, None)
+    process = subprocess.Popen(
+        [sys.executable, "-c", STEP_DRIVER, str(prefix)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    pids: list[int] = []
+    try:
+        wait_until(lambda: len(list(holds.glob("*.pid"))) == WORKERS, 90, "both workers holding a shard")
+        pids = [int(path.read_text()) for path in sorted(holds.glob("*.pid"))]
+        (output,) = [path for path in (prefix).iterdir() if path.name.startswith("sharded-")]
+        lease = output / ".executor_status.lock"
+        assert lease.exists()
+        process.send_signal(signum)  # the driver alone: its workers get nothing from the terminal
+        while lease.exists() and process.poll() is None:
+            time.sleep(0.005)
+        # The moment the lease is gone another driver may take the step: nothing may still write.
+        assert not any(alive(pid) for pid in pids), "a worker outlived the lease"
+        process.wait(timeout=30)  # not HOLD_SECONDS: the held shards were not waited for
+        assert process.returncode != 0
+        last = json.loads((output / ".executor_status").read_text().splitlines()[-1])
+        assert (last["status"], last["message"]) == ("FAILED", "interrupted")
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        process.stderr.close()
+
+
 @pytest.fixture(params=["fork", "forkserver"])
 def held_driver(request, tmp_path, monkeypatch):
     """Workers forked by the driver, or by a fork server (what map_shards uses once JAX is loaded)."""
