@@ -264,6 +264,9 @@ class LeaseManager:
         # Per lease, not one for all: 32 workers confirming and releasing their own leases
         # through one lock queued behind each other's file I/O (a third of a cold fan-in run).
         self._swap_locks: dict[str, RLock] = {}
+        # Output path -> (the bytes of someone else's live-looking lease, when this driver first
+        # saw exactly those bytes, by time.monotonic()): see `_unchanged_too_long`.
+        self._seen: dict[str, tuple[bytes, float]] = {}
         self._stop: threading.Event | None = None  # made with the heartbeat thread
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -287,16 +290,30 @@ class LeaseManager:
             current = None if expect_absent and attempt == 0 else self.store.read_bytes(path)
             record = LeaseRecord.parse(current)
             now, sampled = time.time(), time.monotonic()
+            unchanged = False
             if current is not None and not self.is_stale(record, now):
-                return AcquireResult(acquired=False, holder=record)
+                unchanged = self._unchanged_too_long(output_path, current, sampled)
+                if not unchanged:
+                    return AcquireResult(acquired=False, holder=record)
             mine = self._record(now)
             if self.store.compare_and_swap(path, current, mine):
                 with self._lock:
                     self._held[output_path] = mine
                     self._written[output_path] = sampled
                     self._lost.discard(output_path)
+                    self._seen.pop(output_path, None)
                 self._keep(output_path, mine)
-                if record is not None:
+                if unchanged:
+                    logger.warning(
+                        "took over the lease on %s from %s: unchanged for more than %.0fs by this "
+                        "machine's clock, although its heartbeat is dated %s (a clock ahead, or a lease "
+                        "edited by hand)",
+                        output_path,
+                        record.worker,
+                        self.config.timeout,
+                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.heartbeat)),
+                    )
+                elif record is not None:
                     logger.warning(
                         "took over the stale lease on %s from %s (last heartbeat %.0fs ago)",
                         output_path,
@@ -305,6 +322,19 @@ class LeaseManager:
                     )
                 return AcquireResult(acquired=True, holder=record)
         return AcquireResult(acquired=False, holder=self.read(output_path))
+
+    def _unchanged_too_long(self, output_path: str, current: bytes, now: float) -> bool:
+        """Whether someone else's lease has held exactly these bytes for more than `timeout`
+        seconds of this driver's own clock. A live holder rewrites its lease (a new timestamp)
+        every `heartbeat_interval`: one that has not for `timeout` seconds is dead or paused past
+        the timeout, whatever time the lease says -- a lease dated in the future (a clock ahead,
+        a hand edit) looked live for up to `MAX_CLOCK_AHEAD_S`, a day, and blocked its step."""
+        with self._lock:
+            seen = self._seen.get(output_path)
+            if seen is None or seen[0] != current:
+                self._seen[output_path] = (current, now)
+                return False
+            return now - seen[1] > self.config.timeout
 
     def refresh(self, output_path: str) -> bool:
         """Renew our lease now; False (and the lease is lost) if someone took it."""

@@ -335,6 +335,71 @@ def test_a_lease_dated_far_in_the_future_is_stale_and_the_step_runs(tree):
     assert OutputTree(tree).find("notes/first").status == "SUCCESS"
 
 
+def test_a_lease_dated_an_hour_ahead_that_never_changes_is_taken_over_after_the_timeout(tree, caplog):
+    """Found by a red-team pass (twenty-second session): a lease dated within a day ahead is
+    believed, and one that no driver refreshes blocked its step until that date. A live holder
+    rewrites its lease every heartbeat interval: bytes unchanged for the timeout, by the
+    waiting driver's own clock, are a dead holder's (or a paused one's, which the protocol
+    already lets others take over)."""
+    import logging
+
+    path = step_dir(tree)
+    append_status(open_store(tree), path, Status.RUNNING, worker="someone")
+    with open(os.path.join(path, LEASE_FILE), "w") as handle:
+        json.dump({"timestamp": time.time() + 3600, "worker_id": "evil:1:x"}, handle)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="executor.lease"):
+        Executor(tree, lease_config=FAST_LEASES, console=False).run(sample_tree.note_steps("hi"))
+    waited = time.monotonic() - started
+    assert OutputTree(tree).find("notes/first").status == "SUCCESS"
+    assert waited >= FAST_LEASES.timeout  # not at once: the holder might have been alive
+    assert waited < 3600
+    (message,) = [m for m in caplog.messages if "took over the lease" in m]
+    assert "from evil:1:x: unchanged for more than" in message and "its heartbeat is dated" in message
+
+
+def test_a_lease_whose_bytes_keep_changing_is_never_taken_over_by_observation(tmp_path, monkeypatch):
+    """The rule keys on unchanged bytes: a holder that heartbeats keeps its lease however long.
+    Deterministic: the lease module's clocks are the test's."""
+    import types
+
+    import executor.lease
+    from executor.lease import LeaseConfig, LeaseManager
+
+    clock = {"monotonic": 1000.0, "wall": time.time()}
+    monkeypatch.setattr(
+        executor.lease,
+        "time",
+        types.SimpleNamespace(
+            monotonic=lambda: clock["monotonic"],
+            time=lambda: clock["wall"],
+            strftime=time.strftime,
+            gmtime=time.gmtime,
+        ),
+    )
+    store = open_store(str(tmp_path))
+    output = str(tmp_path / "step-0123abcd")
+    os.makedirs(output)
+    waiter = LeaseManager(
+        store, LeaseConfig(heartbeat_interval=10, timeout=60, heartbeat_process=False), "waiter"
+    )
+
+    def holder_writes(beat: int) -> None:  # dated an hour ahead of the waiter's clock
+        with open(os.path.join(output, LEASE_FILE), "w") as handle:
+            json.dump({"timestamp": clock["wall"] + 3600 + beat, "worker_id": "live:1:x"}, handle)
+
+    for beat in range(30):  # five timeouts' worth of heartbeats: never taken
+        holder_writes(beat)
+        assert not waiter.try_acquire(output).acquired
+        clock["monotonic"] += 10
+        clock["wall"] += 10
+    clock["monotonic"] += 40  # the holder stops: 50 s since the waiter saw these bytes appear
+    assert not waiter.try_acquire(output).acquired
+    clock["monotonic"] += 11  # 61 s unchanged
+    assert waiter.try_acquire(output).acquired
+    assert waiter.holds(output)
+
+
 def test_diff_reads_a_version_whose_config_is_not_an_object(tree, capsys):
     edit_json(
         info_path(step_dir(tree)),
