@@ -478,11 +478,24 @@ class ResourceConfig:
         if isinstance(value, dict):
             if value.get("__type__") == "ResourceConfig":
                 return _resource_config_from_record(value)
+            _check_plain_request(value)
             return value
         raise ValueError(
             f"resources must be None, a ResourceConfig (e.g. ResourceConfig.with_gpu('H100')) or a dict, "
             f"got {type(value).__name__} {value!r}"
         )
+
+
+def _check_plain_request(value: dict[str, Any]) -> None:
+    """The keys of a plain dict that the local backend reads (`cpu`, `gpu`) hold counts: a
+    string there passed the declaration and failed the run (`float('abc')`)."""
+    cpu, gpu = value.get("cpu"), value.get("gpu")
+    if "cpu" in value and not (
+        isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and math.isfinite(cpu) and cpu >= 0
+    ):
+        raise ValueError(f"resources['cpu'] must be a number of cores >= 0 (fractions allowed), got {cpu!r}")
+    if "gpu" in value and not (isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0):
+        raise ValueError(f"resources['gpu'] must be a whole number of GPUs >= 0, got {gpu!r}")
 
 
 _DEVICE_FIELDS = {CpuConfig: (), GpuConfig: ("variant", "count"), TpuConfig: ("variant", "topology")}

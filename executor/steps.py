@@ -270,7 +270,12 @@ def _check_resources(step: ExecutorStep) -> None:
     from executor.resources import ResourceConfig  # (loaded by the first step that asks for resources)
 
     resources = step.resources
-    if type(resources) is ResourceConfig or (type(resources) is dict and "__type__" not in resources):
+    if type(resources) is ResourceConfig or (
+        type(resources) is dict
+        and "__type__" not in resources
+        and "cpu" not in resources
+        and "gpu" not in resources
+    ):
         return
     try:
         normalized = ResourceConfig.from_value(resources)

@@ -351,6 +351,32 @@ def test_a_step_refuses_resources_of_another_type_naming_the_step(resources):
         step(resources)
 
 
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        (
+            {"cpu": "abc"},
+            r"resources\['cpu'\] must be a number of cores >= 0 \(fractions allowed\), got 'abc'",
+        ),
+        ({"cpu": -1}, r"resources\['cpu'\] must be .* got -1"),
+        ({"cpu": float("nan")}, r"resources\['cpu'\] must be .* got nan"),
+        ({"cpu": True}, r"resources\['cpu'\] must be .* got True"),
+        ({"gpu": 1.5}, r"resources\['gpu'\] must be a whole number of GPUs >= 0, got 1.5"),
+        ({"cpu": 2, "gpu": "1"}, r"resources\['gpu'\] must be .* got '1'"),
+    ],
+)
+def test_a_plain_dict_with_counts_that_are_not_numbers_is_refused_at_declaration(resources, message):
+    """Found by a red-team pass (twenty-second session): the dry run was clean and the run failed
+    with `executor error: ValueError: could not convert string to float: 'abc'`."""
+    with pytest.raises(StepDefinitionError, match=r"step 'train/a': " + message):
+        step(resources)
+
+
+def test_a_plain_dict_with_counts_is_kept():
+    plain = {"cpu": 0.5, "gpu": 1}
+    assert step(plain).resources is plain
+
+
 def test_a_step_keeps_none_a_dict_or_a_resource_config():
     config = ResourceConfig.with_tpu("v4-8")
     plain = {"accelerator": "any"}
