@@ -203,13 +203,43 @@ class StepOutput:
     @property
     def dependencies(self) -> list[dict[str, Any]]:
         """`{name, output_path, blocking}` per upstream step: from `dependency_steps` (ours), or
-        from `dependencies` as objects (ours before issue 12) or output paths (Marin's)."""
+        from `dependencies` as objects (ours before issue 12) or output paths (Marin's). Output
+        paths are where the upstream outputs are in this tree (`relocated`)."""
         _, recorded = self._recorded_dependencies()
         return [
-            entry if isinstance(entry, dict) else {"name": None, "output_path": entry, "blocking": True}
+            {**entry, "output_path": self.relocated(entry.get("output_path"))}
+            if isinstance(entry, dict)
+            else {"name": None, "output_path": self.relocated(entry), "blocking": True}
             for entry in recorded
             if isinstance(entry, (dict, str))
         ]
+
+    @cached_property
+    def _moved_from(self) -> tuple[str, str] | None:
+        """(the prefix this output was written under, the prefix it is read under now), when
+        they differ: a tree copied or moved (`cp -a`, a bucket downloaded), or read through a
+        link. From the output path its `.executor_info` records, which ends with `relpath`."""
+        recorded = (self.info or {}).get("output_path")
+        suffix = "/" + self.relpath
+        if (
+            not isinstance(recorded, str)
+            or recorded == self.path
+            or not self.relpath
+            or not recorded.endswith(suffix)
+            or not self.path.endswith(suffix)
+        ):
+            return None
+        old, new = recorded[: -len(suffix)], self.path[: -len(suffix)]
+        return (old, new) if old.rstrip("/") else None
+
+    def relocated(self, path: Any) -> Any:
+        """A path recorded by this output's records, moved to where this tree is now: paths
+        under the prefix the output was written under are read under this tree's prefix
+        (anything else, a path elsewhere or not a string, is returned as it is)."""
+        moved = self._moved_from
+        if moved is None or not isinstance(path, str) or not path.startswith(moved[0] + "/"):
+            return path
+        return moved[1] + path[len(moved[0]) :]
 
     def dependency_field(self, index: int) -> str:
         """Where `dependencies[index]`'s output path is in `.executor_info` (for messages)."""

@@ -405,7 +405,12 @@ def rebuild_steps(steps: list[StepOutput], old_prefix: str, policy: TrustedCode)
             script = script_for(step, policy)
             policy.aliases = {"__main__": load_script(script)} if script else {}
             fn = policy.function(info.get("fn_name"), "fn_name")
-            config = decode_template(info["config_template"], input_step, policy=policy)
+            # (A tree copied or moved since the run: its records name the prefix it had then.)
+            config = decode_template(
+                info["config_template"],
+                lambda path, step=step: input_step(step.relocated(path)),
+                policy=policy,
+            )
             override = info.get("override_output_path")
             if override is not None and not isinstance(override, str):
                 raise TemplateError(f"field 'override_output_path' is {override!r}, not a path")
@@ -413,6 +418,7 @@ def rebuild_steps(steps: list[StepOutput], old_prefix: str, policy: TrustedCode)
             problems.append(f"{where}: {error}")
             continue
         if override and is_absolute_path(override):
+            override = step.relocated(override)
             if not override.startswith(old_prefix + "/"):
                 problems.append(
                     f"{where}: writes to the absolute path {override} (override_output_path), outside "

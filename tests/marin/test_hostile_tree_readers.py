@@ -162,6 +162,56 @@ def test_gc_keeps_the_outputs_of_a_tree_copied_or_moved_to_another_prefix(tree, 
     assert "MISSING" not in out and "SUCCESS" in out, out
 
 
+@pytest.mark.parametrize("how", ["copied", "linked"])
+def test_show_and_reproduce_read_a_copied_tree_where_it_is_now(tmp_path, capsys, how):
+    """A tree copied elsewhere, or read through a link to it: its records name the prefix it was
+    written under. `show` listed the inputs there as [missing], and `reproduce` refused them as
+    paths outside the prefix (red-team pass, twenty-second session)."""
+    import shutil
+
+    original = str(tmp_path / "tree")
+    sample_tree.run(original)
+    here = str(tmp_path / "here")
+    if how == "copied":
+        shutil.copytree(original, here, symlinks=True)
+        shutil.rmtree(original)  # nothing may be read from where it was
+    else:
+        os.symlink(original, here)
+
+    code, out, err = marin(capsys, "show", "checkpoints/curve", "--prefix", here)
+    assert code == 0, out + err
+    inputs = out.split("inputs:", 1)[1]
+    assert f"{here}/" in inputs and "[SUCCESS]" in inputs and "[missing]" not in inputs, out
+
+    code, out, err = marin(
+        capsys, "reproduce", "checkpoints/curve", "--prefix", here, "--into", str(tmp_path / "again")
+    )
+    assert code == 0, out + err
+    assert "result: outputs are identical" in out, out
+
+
+def test_a_recorded_path_is_relocated_only_from_the_prefix_the_output_was_written_under(tmp_path):
+    from marin.outputs import StepOutput
+
+    info = {"output_path": "/old/prefix/notes/first-0123abcd"}
+    step = StepOutput(
+        "/new/place/notes/first-0123abcd", "notes/first-0123abcd", (), preloaded_info=(info, None)
+    )
+    assert step.relocated("/old/prefix/raw/x-1") == "/new/place/raw/x-1"
+    assert step.relocated("/old/prefix") == "/old/prefix"  # the prefix itself names no output
+    assert step.relocated("/old/prefixed/raw/x-1") == "/old/prefixed/raw/x-1"  # a sibling
+    assert step.relocated("/elsewhere/raw/x-1") == "/elsewhere/raw/x-1"
+    assert step.relocated(["not", "a", "path"]) == ["not", "a", "path"]
+    unmoved = StepOutput(
+        "/old/prefix/notes/first-0123abcd", "notes/first-0123abcd", (), preloaded_info=(info, None)
+    )
+    assert unmoved.relocated("/old/prefix/raw/x-1") == "/old/prefix/raw/x-1"
+    renamed = StepOutput(
+        "/new/place/notes/other-0123abcd", "notes/other-0123abcd", (), preloaded_info=(info, None)
+    )
+    assert renamed.relocated("/old/prefix/raw/x-1") == "/old/prefix/raw/x-1"  # the record is not its own
+
+
 def test_a_manifest_naming_outputs_outside_its_recorded_prefix_is_not_relocated(tree, tmp_path, capsys):
     """Only paths under the manifest's own recorded prefix are read relative to it."""
     import shutil
