@@ -1,4 +1,4 @@
-"""Hand-applied mutants of the ninth to twenty-first sessions' fixes: each one removes or weakens
+"""Hand-applied mutants of the ninth to twenty-second sessions' fixes: each one removes or weakens
 a fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
@@ -606,6 +606,85 @@ MUTANTS = [
         "        if refused is not None:\n            raise StoreError",
         "        if False:\n            raise StoreError",
         "tests/executor/test_endpoint_probe.py",
+    ),
+    # -- twenty-second session: a red-team pass over shared trees, interrupts and leases --------
+    (
+        "marin/gc.py",
+        "            if tree.manifest_problems:  # it may be one of theirs",
+        "            if False:  # it may be one of theirs",
+        "tests/marin/test_hostile_tree_readers.py -k manifest",
+    ),
+    (
+        "marin/outputs.py",
+        '                raise TreeFileError(f"{path} is a directory, not a file: not read")',
+        "                return None",
+        "tests/marin/test_hostile_tree_readers.py -k directory",
+    ),
+    (
+        "marin/outputs.py",
+        '            if path.startswith(recorded + "/"):\n                return prefix + path[len(recorded) :]',
+        "            if False:\n                return prefix + path[len(recorded) :]",
+        "tests/marin/test_hostile_tree_readers.py -k copied",
+    ),
+    (
+        "marin/outputs.py",
+        '        if moved is None or not isinstance(path, str) or not path.startswith(moved[0] + "/"):',
+        "        if True:",
+        "tests/marin/test_hostile_tree_readers.py -k 'copied_tree or relocated_only'",
+    ),
+    (
+        "executor/runner.py",
+        "        refusal = self._guard.refusal(path)\n        if refusal is not None:",
+        "        refusal = self._guard.refusal(path)\n        if False:",
+        "tests/executor/test_temp_files_after_failure.py",
+    ),
+    (
+        "executor/runner.py",
+        "                if last is not None or self._found_files(path):",
+        "                if last is not None:",
+        "tests/executor/test_temp_files_after_failure.py",
+    ),
+    (
+        "executor/tree.py",
+        "        if found is None and os.path.islink(local):",
+        "        if False:",
+        "tests/executor/test_temp_files_after_failure.py -k refused",
+    ),
+    (
+        "executor/runner.py",
+        "        stop_running_work()\n",
+        "",
+        "tests/operations/test_shards.py -k interrupted",
+    ),
+    (
+        "executor/lease.py",
+        "            return now - seen[1] > self.config.timeout",
+        "            return False",
+        "tests/marin/test_hostile_tree_readers.py -k bytes_keep_changing",
+    ),
+    (
+        "executor/lease.py",
+        "            if seen is None or seen[0] != current:",
+        "            if seen is None:",
+        "tests/marin/test_hostile_tree_readers.py -k bytes_keep_changing",
+    ),
+    (
+        "executor/tree.py",
+        "    except NotADirectoryError:\n        raise _file_in_place_of_directory(os.path.dirname(local)) from None\n",
+        "    except NotADirectoryError:\n        return None\n",
+        "tests/executor/test_bad_status_files.py -k file_in_place",
+    ),
+    (
+        "executor/resources.py",
+        "            _check_plain_request(value)\n",
+        "",
+        "tests/executor/test_resources.py -k plain_dict",
+    ),
+    (
+        "executor/steps.py",
+        '        and "cpu" not in resources\n        and "gpu" not in resources\n',
+        "",
+        "tests/executor/test_resources.py -k plain_dict",
     ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
