@@ -13,17 +13,23 @@ Every single line is capped at `MAX_LINE_BYTES`: the rest of a longer line is sk
 in chunks, so one huge line cannot make the server hold it. A page keeps at most
 `MAX_PAGE_BYTES` of lines (it ends early, with a "next" link, past that).
 
-Line reads are bounded per request: a reader stops after `MAX_READ_BYTES` of (decompressed)
-data or `MAX_READ_SECONDS`, whichever comes first, so a small compressed file that
-expands to gigabytes (a "zip bomb"), or a page far into a huge file, cannot tie up a
-core. The file viewer then says where it stopped (a 'stopped' page); other readers
-raise `ReadLimit`, which the pages show as an error saying so.
+Line reads are bounded per request: one `ReadBudget` of `MAX_READ_BYTES` of (decompressed)
+data and `MAX_READ_SECONDS` is shared by every file a request reads (a page that reads a
+shard in each of a dozen steps gets one budget, not one per file), and the readers stop
+when it is spent, so a small compressed file that expands to gigabytes (a "zip bomb"), or
+a page far into a huge file, cannot tie up a core. The file viewer then says where it
+stopped (a 'stopped' page); other readers raise `ReadLimit`, which the pages show as an
+error or as a note saying which files were not (fully) read.
+
+Only regular files are read: a FIFO, device or socket is refused with 403 (`Refused`)
+without blocking on it, by the file viewer as by `open_raw`.
 """
 
 from __future__ import annotations
 
 import bz2
 import contextlib
+import errno
 import gzip
 import importlib
 import importlib.util
@@ -131,16 +137,21 @@ def is_json_lines(name: str) -> bool:
 def open_raw(store: Store, target: Target) -> Iterator[IO[bytes]]:
     """The file's bytes as a seekable stream (local file, or fsspec's block-cached reader).
 
-    On local disk only a regular file is read. O_NONBLOCK: a FIFO in the tree opens at once
-    instead of holding a connection until some writer comes; it, a device or a socket is
-    then refused (a character device such as /dev/zero would stream without end)."""
+    On local disk only a regular file is read: a FIFO, device or socket is refused (403)
+    before it is opened (a character device such as /dev/zero would stream without end),
+    and checked again once open, O_NONBLOCK, in case it was swapped in between (a FIFO then
+    opens at once instead of holding a connection until some writer comes)."""
     if target.local is not None:
-        fd = os.open(target.local, os.O_RDONLY | os.O_NONBLOCK)
+        _check_regular(target)  # not even opened: opening a device can do things
+        try:
+            fd = os.open(target.local, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # a socket (made since the check): it cannot be opened
+                raise _not_regular(target) from None
+            raise
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise Refused(
-                    403, f"{target.relpath}: not a regular file (a pipe, device, socket or directory)"
-                )
+                raise _not_regular(target)
             handle = os.fdopen(fd, "rb")
         except BaseException:
             os.close(fd)
@@ -205,27 +216,49 @@ class ReadLimit(Refused):
         why = f"{seconds:.1f} s" if read <= MAX_READ_BYTES else f"{read >> 20} MiB"
         super().__init__(
             413,
-            f"stopped reading {name} after {why} ({read >> 20} MiB of data): the browser reads at most "
-            f"{MAX_READ_BYTES >> 20} MiB, or {MAX_READ_SECONDS:g} s, of a file's (decompressed) "
-            "lines per request; use the raw link to read the whole file",
+            f"stopped reading {name} after {why} ({read >> 20} MiB of data read by this request): "
+            f"the browser reads at most {MAX_READ_BYTES >> 20} MiB, or {MAX_READ_SECONDS:g} s, of "
+            "(decompressed) lines per request, all the files it reads together; use the raw link "
+            "to read the whole file",
         )
 
 
-class _Bounded:
-    """`readline` of a stream, raising `ReadLimit` once the request's limits are spent."""
+class ReadBudget:
+    """What one request may read of files' (decompressed) lines: `MAX_READ_BYTES` of data and
+    `MAX_READ_SECONDS` from the budget's creation, shared by every file read with it."""
 
-    def __init__(self, stream: IO[bytes], name: str):
-        self.stream = stream
-        self.name = name
+    def __init__(self) -> None:
         self.read = 0
         self.started = time.monotonic()
 
-    def readline(self, size: int = -1) -> bytes:
-        line = self.stream.readline(size)
-        self.read += len(line)
-        elapsed = time.monotonic() - self.started
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def spent(self) -> bool:
+        return self.read > MAX_READ_BYTES or self.elapsed > MAX_READ_SECONDS
+
+    def check(self, name: str) -> None:
+        """`ReadLimit` (naming the file `name`) if the budget is spent."""
+        elapsed = self.elapsed
         if self.read > MAX_READ_BYTES or elapsed > MAX_READ_SECONDS:
-            raise ReadLimit(self.name, self.read, elapsed)
+            raise ReadLimit(name, self.read, elapsed)
+
+
+class _Bounded:
+    """`readline` of a stream, raising `ReadLimit` once the request's budget is spent."""
+
+    def __init__(self, stream: IO[bytes], name: str, budget: ReadBudget | None = None):
+        self.stream = stream
+        self.name = name
+        self.budget = budget if budget is not None else ReadBudget()
+
+    def readline(self, size: int = -1) -> bytes:
+        self.budget.check(self.name)  # a budget spent on other files reads nothing more
+        line = self.stream.readline(size)
+        self.budget.read += len(line)
+        self.budget.check(self.name)
         return line
 
 
@@ -263,6 +296,30 @@ def file_size(store: Store, target: Target) -> int | None:
         return None
 
 
+def _not_regular(target: Target) -> Refused:
+    return Refused(403, f"{target.relpath}: not a regular file (a pipe, device, socket or directory)")
+
+
+def _check_regular(target: Target) -> None:
+    """Refused (403) if `target` is on local disk and not a regular file (a FIFO, device,
+    socket or directory); a path that cannot be stat'ed is left to the open to report."""
+    if target.local is None:
+        return
+    try:
+        mode = os.stat(target.local).st_mode
+    except OSError:
+        return  # gone, or a link loop: the open says so
+    if not stat.S_ISREG(mode):
+        raise _not_regular(target)
+
+
+def _regular_size(store: Store, target: Target) -> int | None:
+    """The file's size, after refusing (403) a local FIFO, device or socket: its size (0) says
+    nothing of what reading it would do (wait for a writer, or stream without end)."""
+    _check_regular(target)
+    return file_size(store, target)
+
+
 def looks_binary(sample: bytes) -> bool:
     if b"\x00" in sample:
         return True
@@ -274,10 +331,17 @@ def looks_binary(sample: bytes) -> bool:
     return False
 
 
-def read_page(store: Store, target: Target, offset: int = 0, limit: int = LINES_PER_PAGE) -> Page:
-    """The page of `target` starting at `offset` (line, byte or row, by file kind)."""
+def read_page(
+    store: Store,
+    target: Target,
+    offset: int = 0,
+    limit: int = LINES_PER_PAGE,
+    budget: ReadBudget | None = None,
+) -> Page:
+    """The page of `target` starting at `offset` (line, byte or row, by file kind). Lines are
+    read within `budget` (a fresh one if None). A FIFO, device or socket is refused (403)."""
     name = target.relpath.rsplit("/", 1)[-1]
-    size = file_size(store, target)
+    size = _regular_size(store, target)
     offset = max(0, offset)
     limit = max(1, min(limit, MAX_LINES_PER_PAGE))
     if size == 0:
@@ -293,7 +357,7 @@ def read_page(store: Store, target: Target, offset: int = 0, limit: int = LINES_
         if page is not None:
             return page
     if kind is not None or is_json_lines(name):
-        return _lines_page(store, target, kind, offset, limit, size)
+        return _lines_page(store, target, kind, offset, limit, size, budget)
     return _text_page(store, target, offset, size)
 
 
@@ -308,7 +372,13 @@ def _json_page(store: Store, target: Target, size: int) -> Page | None:
 
 
 def _lines_page(
-    store: Store, target: Target, kind: str | None, offset: int, limit: int, size: int | None
+    store: Store,
+    target: Target,
+    kind: str | None,
+    offset: int,
+    limit: int,
+    size: int | None,
+    budget: ReadBudget | None = None,
 ) -> Page:
     lines: list[tuple[int, str, bool]] = []
     kept = 0
@@ -321,7 +391,7 @@ def _lines_page(
             sample = stream.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(stream, "peek") else b""
             if sample and looks_binary(sample):
                 return Page("binary", 0, size=size, note=f"binary, {size} bytes ({kind or 'uncompressed'})")
-            for number, data, cut in iter_lines(_Bounded(stream, target.relpath), offset):
+            for number, data, cut in iter_lines(_Bounded(stream, target.relpath, budget), offset):
                 if len(lines) == limit or kept >= MAX_PAGE_BYTES:
                     more = True
                     break
@@ -346,13 +416,32 @@ def _lines_page(
     )
 
 
+def _past_the_end(offset: int, size: int | None) -> Page:
+    """The empty page after a file's last byte (an offset past the end, however far)."""
+    last = max(0, size - TEXT_PAGE_BYTES) if size is not None else None
+    return Page(
+        "text",
+        offset,
+        prev_offset=last if last is not None and last < offset else None,
+        total=size,
+        size=size,
+        note=f"offset {offset} is past the end of the file"
+        + (f" ({size} bytes); the previous page is its last" if size is not None else ""),
+    )
+
+
 def _text_page(store: Store, target: Target, offset: int, size: int | None) -> Page:
+    if offset > 0 and size is not None and offset >= size:
+        return _past_the_end(offset, size)  # seek would fail (EINVAL) past what the filesystem allows
     with open_raw(store, target) as raw:
         if offset == 0:
             sample = raw.read(SNIFF_BYTES)
             if looks_binary(sample):
                 return Page("binary", 0, size=size, note=f"binary, {size} bytes")
-        raw.seek(offset)
+        try:
+            raw.seek(offset)
+        except (OSError, ValueError, OverflowError):  # the size was not known, or changed
+            return _past_the_end(offset, size)
         data = raw.read(TEXT_PAGE_BYTES)
     end = offset + len(data)
     at_end = size is not None and end >= size
@@ -387,7 +476,7 @@ def _parquet_page(store: Store, target: Target, offset: int, limit: int, size: i
         "table",
         offset,
         next_offset=end if result.more or end < result.total else None,
-        prev_offset=max(0, offset - limit) if offset > 0 else None,
+        prev_offset=max(0, min(offset, result.total) - limit) if offset > 0 else None,
         columns=result.columns,
         rows=result.rows,
         total=result.total,
@@ -402,12 +491,15 @@ def read_head(store: Store, target: Target, max_bytes: int) -> tuple[str, bool]:
     return data[:max_bytes].decode("utf-8", errors="replace"), len(data) > max_bytes
 
 
-def iter_records(store: Store, target: Target, start: int = 0) -> Iterator[tuple[int, dict[str, Any] | None]]:
+def iter_records(
+    store: Store, target: Target, start: int = 0, budget: ReadBudget | None = None
+) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """(line number, parsed JSON object or None) of a JSON-lines file, streamed; raises
-    `ReadLimit` (a `Refused`) if the file goes on past the read limits."""
+    `ReadLimit` (a `Refused`) once `budget` is spent (a fresh budget if None: pass the
+    request's one when a request reads several files)."""
     name = target.relpath.rsplit("/", 1)[-1]
     with open_raw(store, target) as raw:
-        stream = _Bounded(decompressed(raw, compression_of(name)), target.relpath)
+        stream = _Bounded(decompressed(raw, compression_of(name)), target.relpath, budget)
         for number, data, cut in iter_lines(stream, start):
             record = None
             if not cut:

@@ -42,6 +42,7 @@ code,.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px}
 .compare td{min-width:220px;max-width:420px}
 .compare td.dropped{background:#fdecea}
 .compare td.gone{background:#f5f5f5;color:#999}
+.compare td.unread{background:#f5f5f5;color:#777}
 .compare td.changed{background:#fff8e1}
 .compare pre{max-height:200px;border:none;padding:0;margin:2px 0}
 .mark{font-weight:700;font-size:12px}

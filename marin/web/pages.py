@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import threading
 import time
@@ -63,6 +64,17 @@ CHAIN_LIMIT = 12
 STREAM_CHUNK = 1 << 16
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRIC_KEYS = ("train/loss", "eval/loss", "optim/learning_rate")
+MAX_SERIES = 100
+"""`eval/*` metrics a training page draws, the first in metrics.jsonl (besides METRIC_KEYS,
+always drawn): one chart each, so a crafted file of 100,000 names cannot make a page of
+tens of MB and the server hold a series per name."""
+MAX_SERIES_POINTS = 3000
+"""Points a series keeps while metrics.jsonl is read; past that it is thinned (svg.thin then
+draws at most 1,500)."""
+MAX_METRIC_KEY_CHARS = 200
+"""A metric name longer than this is left out (and counted)."""
+MAX_LEFT_OUT_NAMES = 10_000
+"""Names of left-out metrics remembered to count them; past that the page says "at least"."""
 
 
 @dataclass
@@ -618,7 +630,7 @@ class App:
     def training(self, tree: _Tree, rest: str, _params: dict) -> Response:
         step = self.load(tree, rest)
         metrics = self.guard.resolve(f"{step.relpath}/metrics.jsonl")
-        series: dict[str, dict[float, float]] = {}
+        collected = _Metrics()
         lines = 0
         for _number, record in filepages.iter_records(self.store, metrics):
             lines += 1
@@ -626,14 +638,14 @@ class App:
             if at is None:
                 continue
             for key, value in record.items():
-                number = finite_number(value)
-                if number is None:
-                    continue
                 if key in METRIC_KEYS or (key.startswith("eval/") and "time" not in key and "//" not in key):
-                    series.setdefault(key, {})[at] = number  # later lines win, as in read_metrics
+                    number = finite_number(value)
+                    if number is not None:
+                        collected.add(key, at, number)  # later lines win, as in read_metrics
+        series = collected.series
 
         def points(key: str) -> list[tuple[float, float]]:
-            return sorted(series.get(key, {}).items())
+            return series[key].points() if key in series else []
 
         charts = [
             line_chart(
@@ -649,21 +661,45 @@ class App:
             charts.append(line_chart("Learning rate", {"optim/learning_rate": points("optim/learning_rate")}))
         summary_rows = []
         for key in sorted(series):
-            values = points(key)
+            kept = series[key]
+            values = kept.points()
             if values:
+                count = f"{len(values)} of {kept.read} (thinned)" if kept.thinned else str(len(values))
                 summary_rows.append(
                     [
                         esc(key),
                         num(f"{values[-1][1]:.6g}"),
-                        num(f"{min(v for _s, v in values):.6g}"),
+                        num(f"{kept.minimum():.6g}"),
                         num(int(values[-1][0])),
-                        num(len(values)),
+                        num(count),
                     ]
                 )
+        left_out = []
+        if collected.left_out:
+            many = "at least " if len(collected.left_out) >= MAX_LEFT_OUT_NAMES else ""
+            shown = sorted(collected.left_out)[:20]
+            left_out.append(
+                f"{many}{len(collected.left_out)} more eval/ metrics are not drawn (a page draws at most "
+                f"{MAX_SERIES}, the first in the file): "
+                + ", ".join(f'<span class="mono">{esc(name)}</span>' for name in shown)
+                + (", \u2026" if len(collected.left_out) > len(shown) else "")
+            )
+        if collected.long_keys:
+            left_out.append(
+                f"{collected.long_keys} value(s) left out: their names are longer than "
+                f"{MAX_METRIC_KEY_CHARS} characters"
+            )
+        if any(kept.thinned for kept in series.values()):
+            left_out.append(
+                f"series with more than {MAX_SERIES_POINTS} points were thinned while reading (every "
+                "other point, then every other new one); their last point is kept, and their min is "
+                "that of every value read"
+            )
         body = [
             f"<h1>Training: {esc(step.name)} {badge(step.status)}</h1>",
             f"<p>{link(url('step', step.relpath), '← step page')} \u00b7 "
             f"{link(url('file', metrics.relpath), 'metrics.jsonl')} ({lines} lines)</p>",
+            "".join(f'<p class="muted note left-out">{part}</p>' for part in left_out),
             '<div class="charts">' + "".join(charts) + "</div>",
             "<h2>Metrics</h2>"
             + table(["metric", "last", "min", "last step", "points"], summary_rows, "metrics"),
@@ -757,7 +793,10 @@ class App:
                 content += f'<p class="muted note">{esc(result.note)}</p>'
             content += nav("lines")
         elif result.kind == "text":
-            content = nav("bytes") + f'<pre class="text">{esc(result.text)}</pre>' + nav("bytes")
+            content = nav("bytes") + f'<pre class="text">{esc(result.text)}</pre>'
+            if result.note:  # e.g. an offset past the end of the file
+                content += f'<p class="muted note">{esc(result.note)}</p>'
+            content += nav("bytes")
         elif result.kind == "json":
             content = f'<pre class="json">{esc(result.text)}</pre>'
         elif result.kind == "table":
@@ -840,23 +879,37 @@ class App:
         chain, source = self.chain(tree, step, shard)
         targets = [self.guard.resolve(f"{item.relpath}/{shard}") for item in chain]
 
+        # One read budget for the whole request, every step's file together: the page reads a
+        # shard in up to CHAIN_LIMIT steps, and a budget per file would multiply the limits.
+        budget = filepages.ReadBudget()
+        unread: list[str | None] = [None] * len(chain)  # per step: why its file was not (fully) read
+
         # The first step's page fixes which documents are shown.
         base: list[tuple[str, dict[str, Any]]] = []
         more = False
-        for _number, record in filepages.iter_records(self.store, targets[0], offset):
-            if len(base) == limit:
-                more = True
-                break
-            record = record or {}
-            base.append((_doc_id(record), record))
+        try:
+            for _number, record in filepages.iter_records(self.store, targets[0], offset, budget):
+                if len(base) == limit:
+                    more = True
+                    break
+                record = record or {}
+                base.append((_doc_id(record), record))
+        except filepages.ReadLimit as stopped:
+            if not base:
+                raise
+            unread[0] = f"read in part, {len(base)} documents of this page: {stopped.message}"
         wanted = {doc_id for doc_id, _record in base}
         # Later steps keep a subset of the documents, in order: the page's documents are
         # among their first offset+limit lines, so no step is read further than that.
         columns: list[dict[str, dict[str, Any]]] = [dict(base)]
-        for later in targets[1:]:
+        for index, later in enumerate(targets[1:], start=1):
             found: dict[str, dict[str, Any]] = {}
+            if budget.spent:
+                unread[index] = "not read: the request's read budget was spent on the steps before"
+                columns.append(found)
+                continue
             try:
-                for number, record in filepages.iter_records(self.store, later):
+                for number, record in filepages.iter_records(self.store, later, 0, budget):
                     if number >= offset + limit or len(found) == len(wanted):
                         break
                     doc_id = _doc_id(record or {})
@@ -864,6 +917,8 @@ class App:
                         found[doc_id] = record or {}
             except FileNotFoundError:
                 pass
+            except filepages.ReadLimit as stopped:
+                unread[index] = f"read in part: {stopped.message}"
             columns.append(found)
         raw_texts = self.source_texts(source, base) if source is not None else {}
 
@@ -883,6 +938,10 @@ class App:
             previous_text, gone = None, False
             for index, column in enumerate(columns):
                 record = column.get(doc_id)
+                if record is None and unread[index] is not None and not gone:
+                    # Not found in what was read: kept or dropped, the page cannot tell.
+                    row.append('<td class="unread"><span class="mark">not read (read limit)</span></td>')
+                    continue
                 if record is None:
                     if not gone:
                         row.append(
@@ -905,15 +964,31 @@ class App:
         summary = (
             ", ".join(f"{name}: {count} dropped" for name, count in dropped_count.items()) or "none dropped"
         )
+        if any(why is not None for why in unread):
+            summary += " (in what was read)"
         prev_href = (
             url("compare", target.relpath, offset=max(0, offset - limit), limit=limit) if offset else None
         )
         next_href = url("compare", target.relpath, offset=offset + limit, limit=limit) if more else None
         nav = pager(prev_href, next_href, f"documents {offset + 1}\u2013{offset + len(base)} of this shard")
+        limited = [
+            f"<li>{_path_link('file', f'{item.relpath}/{shard}', item.name)}: {esc(why)}</li>"
+            for item, why in zip(chain, unread, strict=True)
+            if why is not None
+        ]
+        stopped_html = (
+            '<div class="note read-limit"><p><b>Not every step\'s file was read</b>: the browser reads '
+            f"at most {filepages.MAX_READ_BYTES >> 20} MiB, or {filepages.MAX_READ_SECONDS:g} s, of "
+            "(decompressed) lines per request, all the steps' files together. A document not found "
+            f"in a file not fully read is marked \u201cnot read\u201d.</p><ul>{''.join(limited)}</ul></div>"
+            if limited
+            else ""
+        )
         body = (
             f"<h1>{esc(shard)} across steps</h1>"
             f"<p>{shard_links}</p><p class=muted>on this page: {esc(summary)}. Steps are linked through their "
             "recorded dependencies; a document is matched by its id.</p>"
+            + stopped_html
             + nav
             + table(header, rows, "compare")
             + nav
@@ -986,6 +1061,81 @@ class App:
                 texts[doc_id] = text + ("\u2026" if cut else "")
                 break
         return texts
+
+
+class _Series:
+    """One metric's points (step -> value, later lines win) in bounded memory: past
+    `MAX_SERIES_POINTS` every other point is dropped and from then on only every other
+    new step is kept (then every fourth, ...). The last step's value and the minimum of
+    every value read are kept aside, so the summary does not depend on the thinning."""
+
+    __slots__ = ("values", "stride", "arrivals", "read", "thinned", "last", "low")
+
+    def __init__(self) -> None:
+        self.values: dict[float, float] = {}
+        self.stride = 1
+        self.arrivals = 0
+        self.read = 0
+        self.thinned = False
+        self.last: tuple[float, float] | None = None
+        self.low = math.inf
+
+    def add(self, at: float, value: float) -> None:
+        self.read += 1
+        self.low = min(self.low, value)
+        if self.last is None or at >= self.last[0]:
+            self.last = (at, value)
+        if at in self.values:
+            self.values[at] = value
+            return
+        self.arrivals += 1
+        if self.arrivals % self.stride:
+            return
+        self.values[at] = value
+        if len(self.values) > MAX_SERIES_POINTS:
+            self.values = dict(sorted(self.values.items())[::2])
+            self.stride *= 2
+            self.thinned = True
+
+    def points(self) -> list[tuple[float, float]]:
+        points = sorted(self.values.items())
+        if self.last is not None and self.values.get(self.last[0]) != self.last[1]:
+            points = [point for point in points if point[0] != self.last[0]]
+            points.append(self.last)
+            points.sort()
+        return points
+
+    def minimum(self) -> float:
+        """Of every step's last value; once thinned, of every value read."""
+        if self.thinned:
+            return self.low
+        return min(value for _at, value in self.points())
+
+
+class _Metrics:
+    """The series a training page draws, bounded: METRIC_KEYS and the first `MAX_SERIES`
+    other names; the rest are counted (`left_out`, `long_keys`), not kept."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, _Series] = {}
+        self.others = 0
+        self.left_out: set[str] = set()
+        self.long_keys = 0
+
+    def add(self, key: str, at: float, value: float) -> None:
+        kept = self.series.get(key)
+        if kept is None:
+            if len(key) > MAX_METRIC_KEY_CHARS:
+                self.long_keys += 1
+                return
+            if key not in METRIC_KEYS:
+                if self.others >= MAX_SERIES:
+                    if len(self.left_out) < MAX_LEFT_OUT_NAMES:
+                        self.left_out.add(key)
+                    return
+                self.others += 1
+            kept = self.series[key] = _Series()
+        kept.add(at, value)
 
 
 def _dep_path(dep: Any) -> str:
@@ -1064,7 +1214,11 @@ def _where(result: filepages.Page, unit: str) -> str:
         last = result.offset + len(result.lines)
         return f"lines {result.offset + 1}\u2013{last}" if result.lines else f"no lines after {result.offset}"
     if unit == "rows":
+        if not result.rows and result.total is not None and result.offset >= result.total:
+            return f"no rows after {result.total}"
         return f"rows {result.offset + 1}\u2013{result.offset + len(result.rows)} of {result.total}"
+    if result.total is not None and result.offset >= result.total > 0:
+        return f"no bytes after {result.total}"
     end = result.next_offset if result.next_offset is not None else result.total
     return f"bytes {result.offset}\u2013{end} of {result.total}"
 

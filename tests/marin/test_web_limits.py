@@ -303,10 +303,92 @@ def test_a_fifo_in_the_tree_is_refused_without_waiting_for_a_writer(prefix):
         assert b"not a regular file" in answers[0][1]
         status, body = get(server.port, "/raw/hello.txt")
         assert (status, body) == (200, b"hello\n")
-        status, _body = get(server.port, "/file/pipe.jsonl")
-        assert status in (200, 403)  # its size says empty, or it is refused: never a wait
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _i: get(server.port, "/file/pipe.jsonl", timeout=10), range(16)))
+        assert {status for status, _body in answers} == {403}  # not "empty file" (its size is 0)
+        assert b"not a regular file" in answers[0][1]
+        assert get(server.port, "/raw/hello.txt") == (200, b"hello\n")
     finally:
         server.shutdown()
+
+
+def test_a_socket_in_the_tree_is_refused_by_the_viewer_and_raw(prefix, monkeypatch):
+    monkeypatch.chdir(prefix)  # a relative name: a socket path may not be longer than 107 bytes
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("sock.jsonl")
+    listener.listen(1)
+    server = start_server(str(prefix), port=0).start_in_thread()
+    try:
+        for route in ("file", "raw"):
+            status, body = get(server.port, f"/{route}/sock.jsonl", timeout=10)
+            assert status == 403 and b"not a regular file" in body, (route, status)
+    finally:
+        server.shutdown()
+        listener.close()
+
+
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/zero"])
+def test_the_file_viewer_refuses_a_device_however_small_its_size(prefix, device):
+    """A character device's size is 0: the viewer once called it an empty file without
+    looking at what it is (a link inside the prefix resolving to it is what `local` holds)."""
+    guard = PrefixGuard(str(prefix), open_store(str(prefix)))
+    for name in ["dev.txt", "dev.jsonl", "dev.parquet", "dev.json"]:
+        target = files.Target(relpath=name, path=f"{prefix}/{name}", local=device)
+        with pytest.raises(Refused) as refused:
+            files.read_page(guard.store, target)
+        assert refused.value.status == 403 and "not a regular file" in refused.value.message
+
+
+# -- offsets past the end --------------------------------------------------------------------
+FAR_OFFSETS = ["99999999999999999999999", "100000000000000", str(1 << 62)]
+
+
+@pytest.fixture
+def big_files(prefix) -> Path:
+    (prefix / "big.txt").write_bytes(b"a line of text\n" * 140_000)  # 2 MiB: paged by bytes
+    (prefix / "big.json").write_text(json.dumps({"values": list(range(300_000))}))  # > 1 MiB: as text
+    (prefix / "rows.jsonl").write_text("".join(json.dumps({"id": i, "text": "t"}) + "\n" for i in range(10)))
+    (prefix / "rows.jsonl.gz").write_bytes(gzip.compress((prefix / "rows.jsonl").read_bytes()))
+    write_parquet(prefix / "rows.parquet", [{"id": i} for i in range(10)])
+    return prefix
+
+
+@pytest.mark.parametrize("offset", FAR_OFFSETS)
+def test_a_far_offset_gives_the_empty_last_page_not_an_error(big_files, offset, capsys):
+    server = start_server(str(big_files), port=0).start_in_thread()
+    try:
+        for name in ["big.txt", "big.json", "rows.jsonl", "rows.jsonl.gz", "rows.parquet", "hello.txt"]:
+            status, body = get(server.port, f"/file/{name}?offset={offset}")
+            assert status == 200, (name, body[-3000:])
+            assert b'class="next"' not in body, name
+        for name in ["big.txt", "big.json"]:
+            size = (big_files / name).stat().st_size
+            status, body = get(server.port, f"/file/{name}?offset={offset}")
+            assert b"is past the end of the file" in body
+            assert f"no bytes after {size}".encode() in body
+            # "previous" leads back to the file's last page, not to another offset past its end
+            assert f'/file/{name}?offset={size - files.TEXT_PAGE_BYTES}" class="prev"'.encode() in body
+        status, body = get(server.port, f"/file/rows.parquet?offset={offset}")
+        assert b"no rows after 10" in body and b"/file/rows.parquet?offset=0&amp;limit=50" in body
+    finally:
+        server.shutdown()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_an_offset_at_or_past_the_end_of_a_text_file(big_files, monkeypatch):
+    guard = PrefixGuard(str(big_files), open_store(str(big_files)))
+    target = guard.resolve("big.txt")
+    size = (big_files / "big.txt").stat().st_size
+    last = files.read_page(guard.store, target, size - 15)
+    assert (last.kind, last.text, last.next_offset) == ("text", "a line of text\n", None)
+    for offset in (size, size + 1, 1 << 62):
+        page = files.read_page(guard.store, target, offset)
+        assert (page.kind, page.text, page.next_offset, page.total) == ("text", "", None, size)
+        assert page.prev_offset == size - files.TEXT_PAGE_BYTES and "past the end" in page.note
+    # A size not known beforehand (or a file that shrank): the failing seek gives the same page.
+    monkeypatch.setattr(files, "file_size", lambda store, target: None)
+    page = files.read_page(guard.store, target, 1 << 62)
+    assert (page.kind, page.text, page.next_offset) == ("text", "", None)
 
 
 def test_open_raw_refuses_what_is_not_a_regular_file(prefix):
