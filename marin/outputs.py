@@ -294,6 +294,11 @@ class Experiment:
         path = entry.get("output_path")
         if not isinstance(path, str):  # the manifest is untrusted: a list there is no path
             return None
+        return self.relocated(path, prefix)
+
+    def relocated(self, path: str, prefix: str) -> str:
+        """`path`, recorded in this manifest, read under `prefix` if it lies under the prefix
+        the manifest records (see `output_path`); anything else as it is."""
         recorded = self.record.get("prefix")
         if isinstance(recorded, str) and recorded.rstrip("/") and recorded != prefix:
             recorded = recorded.rstrip("/")

@@ -398,11 +398,11 @@ class App:
         nodes, rows = [], []
         for entry, step in pairs:
             # Manifest fields are untrusted JSON: only strings are used as paths, names, hashes.
-            path = _str(entry.get("output_path"))
+            path = exp.output_path(entry, tree.prefix) or ""  # (where the tree is now: it may have moved)
             name = _str(entry.get("name")) or path
             status = step.status if step else "MISSING"
             relpath = self.rel(path)
-            deps = _entry_deps(entry)
+            deps = _entry_deps(entry, exp, tree.prefix)
             nodes.append(
                 Node(
                     key=path,
@@ -480,10 +480,10 @@ class App:
         experiments = []
         for exp in tree.experiments:
             for entry in exp.steps:
-                if entry.get("output_path") == path:
+                if exp.output_path(entry, tree.prefix) == path:
                     experiments.append(exp)
-                if path in _entry_deps(entry):
-                    users.setdefault(_str(entry.get("output_path")), _str(entry.get("name")))
+                if path in _entry_deps(entry, exp, tree.prefix):
+                    users.setdefault(exp.output_path(entry, tree.prefix) or "", _str(entry.get("name")))
         users.pop("", None)
         return users, experiments
 
@@ -1143,10 +1143,13 @@ def _dep_path(dep: Any) -> str:
     return _str(path)
 
 
-def _entry_deps(entry: dict[str, Any]) -> tuple[str, ...]:
-    """The output paths a manifest entry reads (its `dependencies`: paths or objects)."""
+def _entry_deps(entry: dict[str, Any], exp: Experiment, prefix: str) -> tuple[str, ...]:
+    """The output paths a manifest entry reads (its `dependencies`: paths or objects), where
+    they are under `prefix` now (`Experiment.relocated`)."""
     recorded = entry.get("dependencies")
-    return tuple(_dep_path(dep) for dep in recorded) if isinstance(recorded, list) else ()
+    if not isinstance(recorded, list):
+        return ()
+    return tuple(exp.relocated(path, prefix) if path else path for path in map(_dep_path, recorded))
 
 
 def _str(value: Any) -> str:

@@ -421,3 +421,49 @@ def test_metrics_with_numbers_past_a_float_are_skipped(tree):
     body = ok(tree, f"/train/{tree.stats}")
     assert "train/loss" in body and "1.5" in body
     ok(tree, f"/step/{tree.stats}")
+
+
+@pytest.mark.parametrize("how", ["copied", "linked"])
+def test_a_copied_or_linked_tree_is_browsed_where_it_is_now(tmp_path, how):
+    """Records name absolute paths under the prefix a run wrote them to: a copied tree, or one
+    served through a link to it, showed every step as "(outside the prefix)" (red-team pass,
+    twenty-second session)."""
+    import http.client
+
+    from executor import Executor
+    from marin.outputs import OutputTree
+    from marin.web import start_server
+    from tests.marin import sample_tree
+
+    original = str(tmp_path / "tree")
+    Executor(original, console=False).run(sample_tree.build_steps()[:3])
+    here = str(tmp_path / "here")
+    if how == "copied":
+        shutil.copytree(original, here, symlinks=True)
+        shutil.rmtree(original)
+    else:
+        os.symlink(original, here)
+    tree = OutputTree(here)
+    (experiment,) = tree.experiments
+    documents = tree.find("documents/notes")
+
+    server = start_server(here, port=0)
+    server.start_in_thread()
+    try:
+        pages = {}
+        for target in (f"/exp/{experiment.id}", f"/step/{documents.relpath}"):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            connection.request("GET", target)
+            response = connection.getresponse()
+            pages[target] = (response.status, response.read().decode())
+            connection.close()
+    finally:
+        server.shutdown()
+    for target, (status, body) in pages.items():
+        assert status == 200, (target, body[:500])
+        assert "outside the prefix" not in body, (target, body)
+    experiment_page = pages[f"/exp/{experiment.id}"][1]
+    assert f"/step/{documents.relpath}" in experiment_page
+    step_page = pages[f"/step/{documents.relpath}"][1]
+    assert "/step/raw/notes-" in step_page  # upstream, linked where it is now
+    assert "/step/filtered/notes-" in step_page  # downstream (from the manifest)
