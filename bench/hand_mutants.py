@@ -205,8 +205,8 @@ MUTANTS = [
     ),
     (
         "executor/runner.py",
-        "                if last is not None:  # an earlier attempt",
-        "                if False:  # an earlier attempt",
+        "                if last is not None or self._found_files(path):",
+        "                if self._found_files(path):",
         "tests/executor/test_temp_files_after_failure.py",
     ),
     (
