@@ -334,3 +334,36 @@ def test_an_override_output_path_outside_the_prefix_is_the_users_own_choice(tmp_
     )
     Executor(str(tmp_path / "prefix"), console=False).run([step])
     assert (target / "result.json").exists()
+
+
+def fail_once_on_any_store(config: LeftoverConfig) -> None:
+    """`fail_once_leaving_a_temp_file` through fsspec, for object stores."""
+    import fsspec
+
+    ATTEMPTS.append("seen")
+    if len(ATTEMPTS) == 1:
+        with fsspec.open(f"{config.output_path}/.tmp-0123abcd-result.json", "w") as handle:
+            handle.write('{"half": ')
+        raise RuntimeError("killed in the middle of a write")
+    with fsspec.open(f"{config.output_path}/result.json", "w") as handle:
+        handle.write('{"whole": true}')
+
+
+def test_a_retried_step_on_an_object_store_holds_no_temp_file_of_the_failed_attempt(tmp_path):
+    """On an object store a re-run is known by its status alone (there are no links to find
+    by listing a first attempt's output): the cleanup keys on it."""
+    import uuid
+
+    ATTEMPTS.clear()
+    prefix = f"memory://temp-files-{uuid.uuid4().hex}"
+    step = ExecutorStep(name="leftover", fn=fail_once_on_any_store, config=LeftoverConfig(this_output_path()))
+    with pytest.raises(ExecutorRunError):
+        Executor(prefix, console=False).run([step])
+    output = Executor(prefix, console=False).run([step]).rows[0].output_path
+    store = open_store(prefix)
+    try:
+        assert read_last_status(store, output).status == Status.SUCCESS
+        names = [info.name for info in store.list_dir(output)]
+        assert "result.json" in names and ".tmp-0123abcd-result.json" not in names, names
+    finally:
+        store.delete_tree(prefix)
