@@ -14,7 +14,9 @@ never a traceback. Exit codes:
     0  the run (or dry run) finished
     1  the run failed: a bad step declaration, a step that failed, an unreadable status
        file, storage failing after the client's retries
-    2  usage: a bad flag or flag value, an unknown storage scheme, an invalid lease timing
+    2  usage: a bad flag or flag value, an empty --prefix or $MARIN_PREFIX, a --config_path
+       file that is not a mapping of flag: value, an unknown storage scheme, an invalid lease
+       timing, --executor_info_base_path overlapping a step's output
     130  interrupted (Ctrl-C)
 
 A step declared wrongly at the top of a script (an invalid name is refused when the
@@ -60,10 +62,11 @@ class ExecutorMainConfig:
 
     prefix: str | None = None
     """Where outputs go: a local directory or an fsspec URL (s3://, gs://). Default: $MARIN_PREFIX,
-    else ./marin-output."""
+    else ./marin-output. An empty one (flag or variable) is refused."""
 
     executor_info_base_path: str | None = None
-    """Where experiment manifests go. Default: <prefix>/experiments."""
+    """Where experiment manifests go. Default: <prefix>/experiments. Not inside a step's output,
+    nor holding one (the prefix itself, or above it, is fine)."""
 
     dry_run: bool = False
     """Print the plan (what would run, and why) without running or writing anything."""
@@ -76,7 +79,8 @@ class ExecutorMainConfig:
     dependencies they need that have not succeeded. One regex, or a list: '["a/.*", "b"]'."""
 
     max_concurrent: int | None = None
-    """At most this many steps run at once in the driver (default 32)."""
+    """At most this many steps run at once in the driver (default 32). Number flags take plain
+    decimal digits, as the MARIN_LEASE_* variables do (no underscores)."""
 
     lease_timeout: float | None = None
     """Seconds without a heartbeat after which another driver takes a step's lease over.
@@ -118,7 +122,24 @@ class UsageError(ValueError):
 
 
 def resolve_prefix(prefix: str | None) -> str:
-    return prefix or os.environ.get("MARIN_PREFIX") or DEFAULT_PREFIX
+    """`--prefix`, else `$MARIN_PREFIX`, else ./marin-output; UsageError when the one given is empty.
+
+    Empty (or only spaces) is refused, never read as "not given": `--prefix "$OUT"` or
+    `MARIN_PREFIX=$OUT` with `OUT` unset would point the command (`marin gc --yes`
+    included) at another tree. Experiment scripts and every `marin` command read it here."""
+    if prefix is not None:
+        if not prefix.strip():
+            raise UsageError("--prefix is empty: give a directory or a URL (s3://bucket/path)")
+        return prefix
+    from_env = os.environ.get("MARIN_PREFIX")
+    if from_env is not None:
+        if not from_env.strip():
+            raise UsageError(
+                "MARIN_PREFIX is set but empty: set it to a directory or a URL (s3://bucket/path), "
+                f"or unset it to use {DEFAULT_PREFIX}"
+            )
+        return from_env
+    return DEFAULT_PREFIX
 
 
 def executor_main(steps: list[ExecutorStep | InputName], description: str | None = None):
@@ -131,11 +152,11 @@ def executor_main(steps: list[ExecutorStep | InputName], description: str | None
         config = parse_flags(sys.argv[1:])
         lease_config = lease_config_of(config)
         backend = backend_of(config)
+        prefix = resolve_prefix(config.prefix)
     except UsageError as error:
         _exit(str(error), EXIT_USAGE)
     # (`logging` itself is imported only once something logs: see executor.lazy_logging.)
     configure_when_used(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    prefix = resolve_prefix(config.prefix)
     base = config.executor_info_base_path
     if base is not None and storage_of(base) != storage_of(prefix):
         _exit(
@@ -157,6 +178,13 @@ def executor_main(steps: list[ExecutorStep | InputName], description: str | None
         _exit(str(error), EXIT_USAGE)
     except OSError as error:  # StoreError: no filesystem for the prefix's scheme
         _exit(str(error), EXIT_USAGE)
+    if base is not None:
+        try:
+            _refuse_manifests_among_outputs(steps, prefix, base)
+        except UsageError as error:
+            _exit(str(error), EXIT_USAGE)
+        except KeyboardInterrupt:  # (resolving a large graph takes a moment)
+            _exit("interrupted", EXIT_INTERRUPTED)
     if config.prefix is None and "MARIN_PREFIX" not in os.environ:
         write_or_drop(
             sys.stdout, f"No --prefix and no $MARIN_PREFIX: writing under {os.path.abspath(prefix)}\n"
@@ -184,6 +212,54 @@ def executor_main(steps: list[ExecutorStep | InputName], description: str | None
         write_or_drop(sys.stdout, f"Experiment manifest: {executor.executor_info_path}\n")
     settle_stdout()
     return executor
+
+
+def _refuse_manifests_among_outputs(steps, prefix: str, base: str) -> None:
+    """UsageError when `--executor_info_base_path` and a step's output overlap, naming both.
+
+    Inside a step's output, removing the output (`marin gc`, `rm -r` of a failed step) would
+    take the manifests along (the run itself refuses that too, but as a failed run, exit 1).
+    Holding a step's output, the directory is no longer the manifests' own, as
+    `<prefix>/experiments` is (no step may write there): refused too, unless it is the prefix
+    or a directory above it, where manifests sit beside the outputs as files.
+
+    Resolves the graph once more (only when the flag is given); a graph that does not
+    resolve is left to the run, which reports it in its own words."""
+    import logging
+
+    from executor.graph import enclosing_output, resolve
+    from executor.store import normalize_prefix
+
+    prefix, base = normalize_prefix(prefix), normalize_prefix(base)
+    quiet = logging.getLogger("executor.graph")  # (its warnings come again from the run)
+    was_disabled, quiet.disabled = quiet.disabled, True
+    try:
+        roots = [step.step if isinstance(step, InputName) else step for step in steps]
+        graph = resolve([step for step in roots if isinstance(step, ExecutorStep)], prefix)
+    except Exception:
+        return
+    finally:
+        quiet.disabled = was_disabled
+    outer = enclosing_output(graph.by_path, base)
+    if outer is not None:
+        raise UsageError(
+            f"--executor_info_base_path {base} is inside the output of step {outer.name!r} "
+            f"({outer.output_path}): removing that output would take the manifests along; put "
+            "the manifests outside every step's output"
+        )
+    if _is_within(prefix, base):  # the prefix or above it: manifests beside the outputs
+        return
+    for step in graph.steps:
+        if _is_within(step.output_path, base):
+            raise UsageError(
+                f"--executor_info_base_path {base} holds the output of step {step.name!r} "
+                f"({step.output_path}): the manifests need a directory of their own, as "
+                "<prefix>/experiments is; put them where no step writes, or rename the step"
+            )
+
+
+def _is_within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 def _exit(message: str, code: int):
@@ -216,7 +292,7 @@ def parse_flags(argv: list[str]) -> ExecutorMainConfig:
     argv, paths = _take_paths(argv)
     config = _parse_plain(argv)
     if config is None:
-        config = _parse_with_draccus(argv)
+        config = _numbers_as_written(argv, _parse_with_draccus(argv))
     if run_only is not None:
         config = dataclasses.replace(config, run_only=run_only)
     if paths:
@@ -235,6 +311,7 @@ def parse_flags(argv: list[str]) -> ExecutorMainConfig:
 def _parse_with_draccus(argv: list[str]) -> ExecutorMainConfig:
     import draccus  # here, not at the top: `import executor` must stay cheap
 
+    argv = _checked_config_file(argv)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):  # argparse prints usage + message on errors
@@ -254,6 +331,97 @@ def _parse_with_draccus(argv: list[str]) -> ExecutorMainConfig:
             f"cannot read the flags{f' in {where}' if where else ''}: {type(cause).__name__}: {why}"
         ) from None
     return config
+
+
+def _checked_config_file(argv: list[str]) -> list[str]:
+    """`argv` without `--config_path FILE` when FILE is empty (no flags from it); UsageError
+    when FILE holds something other than a mapping of flag: value.
+
+    draccus failed on both with its own internals (`AttributeError: 'NoneType' object has no
+    attribute 'copy'`). The file is read here as draccus reads it (its loader, chosen by the
+    extension); a file that cannot be read or parsed is left to draccus, whose error is worded
+    in `_parse_with_draccus`."""
+    from draccus import cfgparsing
+
+    for index, arg in enumerate(argv):
+        flag, equals, path = arg.partition("=")
+        if not flag.startswith("--") or _full_flag(flag[2:]) != "config_path":
+            continue
+        if not equals:
+            if index + 1 >= len(argv):
+                return argv  # (argparse: "expected one argument")
+            path = argv[index + 1]
+        try:
+            with open(path, encoding="utf-8") as handle:
+                empty = not handle.read().strip()
+                handle.seek(0)
+                flags = None if empty else cfgparsing.load_config(handle, file=path)
+        except Exception:
+            return argv
+        if flags is None:  # no text, only comments, `---` or `null`
+            return argv[:index] + argv[index + (1 if equals else 2) :]
+        if not isinstance(flags, dict):
+            raise UsageError(
+                f"--config_path {path} holds {_kind_of(flags)}, not a mapping of flag: value "
+                "(one `flag: value` per line, e.g. `prefix: /data/marin`)"
+            )
+        return argv
+    return argv
+
+
+def _kind_of(value: object) -> str:
+    if isinstance(value, bool):
+        return f"the value {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+_NUMBER_FLAGS = {
+    "max_concurrent": int,
+    "max_retries": int,
+    "lease_timeout": float,
+    "lease_heartbeat": float,
+    "lease_poll": float,
+}
+
+
+def _numbers_as_written(argv: list[str], config: ExecutorMainConfig) -> ExecutorMainConfig:
+    """`config` with each number flag of `argv` read as written in plain ASCII decimals, as
+    `$MARIN_LEASE_*` are read (`LeaseConfig.from_env`); UsageError naming the flag otherwise.
+
+    draccus reads a value as YAML, then as Python: `1_0` was 10, `010` 8 (octal), `0x10`
+    16, `1:30` 90, `True` 1, `٥` 5, `null` or ` ` no value at all, while the variables refuse
+    all of these (and read `010` as 10). Values draccus refuses keep its message (it parsed
+    first). Values from a `--config_path` file are YAML's own."""
+    import re
+
+    from executor.lease import _PLAIN_NUMBER
+
+    changes = {}
+    for name, kind in _NUMBER_FLAGS.items():
+        text = _flag_value(argv, name)
+        if text is None:
+            continue
+        if kind is int:
+            if not re.fullmatch(r"[-+]?[0-9]+", text.strip()):
+                raise UsageError(
+                    f"--{name} {text!r} is not a whole number: write plain decimal digits, e.g. 4 "
+                    "(no underscores)"
+                )
+            changes[name] = int(text)
+        else:
+            if not re.fullmatch(_PLAIN_NUMBER, text.strip()):
+                raise UsageError(
+                    f"--{name} {text!r} is not a number of seconds: write plain decimal digits, "
+                    "e.g. 60, 0.5 or 1e3 (no underscores), as in MARIN_LEASE_*"
+                )
+            changes[name] = float(text)
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def _plain_word(text: str) -> str | None:

@@ -73,7 +73,12 @@ def _outcome(entry: dict) -> str:
 
 
 def _tree(args: argparse.Namespace) -> OutputTree:
-    prefix = resolve_prefix(args.prefix)
+    try:
+        # (refuses an empty --prefix or MARIN_PREFIX: an unset shell variable would point
+        # `gc --yes` at $MARIN_PREFIX or ./marin-output, as experiment scripts refuse it)
+        prefix = resolve_prefix(args.prefix)
+    except ValueError as error:  # executor.main.UsageError
+        raise CliError(str(error)) from None
     try:
         tree = OutputTree(prefix)
         tree.store.check_readable(tree.prefix)
@@ -544,7 +549,9 @@ def _fixed(value: float | None) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="marin", description=__doc__.split("\n\n")[0])
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--prefix", help="the output tree (default: $MARIN_PREFIX, else ./marin-output)")
+    common.add_argument(
+        "--prefix", help="the output tree (default: $MARIN_PREFIX, else ./marin-output; never empty)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     ls = commands.add_parser(

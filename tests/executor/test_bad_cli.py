@@ -169,7 +169,7 @@ def only_the_script(tmp_path: Path) -> None:
         (["--run_only", "a", "--run_only=c"], ["--run_only given twice: give it once"]),
         (["--max_con", "2", "--max_concurrent", "3"], ["--max_concurrent given twice: give it once"]),
         (["--lease_timeout", "0"], ["--lease_timeout must be a positive number of seconds"]),
-        (["--lease_timeout", "nan"], ["--lease_timeout must be a positive number of seconds"]),
+        (["--lease_timeout", "nan"], ["--lease_timeout 'nan' is not a number of seconds"]),  # as MARIN_*
         (["--lease_poll", "soon"], ["--lease_poll", "'soon'", "number of seconds"]),
         (["--lease_poll", "1e300"], ["--lease_poll must be at most 2,592,000 seconds (30 days), got 1e+300"]),
         (
@@ -213,6 +213,107 @@ def test_a_bad_config_file_is_one_usage_error_line(tmp_path, config_file, fragme
         (tmp_path / "flags.yaml").write_text(config_file)
     result = run_study(tmp_path, "--config_path", "flags.yaml", "--dry_run", "true")
     error_line(result, 2, *fragments)
+
+
+@pytest.mark.parametrize(
+    ("config_file", "holds"),
+    [
+        ("- a\n- b\n", "a list"),
+        ("5\n", "the number 5"),
+        ("true\n", "the value true"),
+        ("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/:/usr/sbin/nologin\n", "text"),  # /etc/passwd
+    ],
+    ids=["list", "number", "bool", "passwd"],
+)
+def test_a_config_file_that_is_not_a_mapping_is_one_usage_error_line(tmp_path, config_file, holds):
+    """draccus failed inside itself: `AttributeError: 'str' object has no attribute 'copy'`."""
+    (tmp_path / "flags.yaml").write_text(config_file)
+    result = run_study(tmp_path, "--config_path", "flags.yaml", "--prefix", str(tmp_path / "out"))
+    line = error_line(result, 2)
+    assert line == (
+        f"error: --config_path flags.yaml holds {holds}, not a mapping of flag: value "
+        "(one `flag: value` per line, e.g. `prefix: /data/marin`)"
+    )
+    assert "Error" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("config_file", ["", "\n  \n", "# no flags yet\n", "---\n", "null\n"], ids=repr)
+def test_an_empty_config_file_gives_no_flags(tmp_path, config_file):
+    """It was `AttributeError: 'NoneType' object has no attribute 'copy'` (or a TypeError)."""
+    (tmp_path / "flags.yaml").write_text(config_file)
+    prefix = tmp_path / "out"
+    for extra in ([], ["--dry_run", "true"]):  # (alone, and with a flag draccus reads)
+        result = run_study(tmp_path, "--config_path", "flags.yaml", "--prefix", str(prefix), *extra)
+        assert result.returncode == 0, result.stderr
+        assert "error" not in result.stderr
+    assert sorted(p.name[:2] for p in prefix.iterdir() if p.name != "experiments") == ["a-", "b-", "c-"]
+
+
+def test_an_empty_json_config_file_gives_no_flags_too(tmp_path):
+    (tmp_path / "flags.json").write_text("")
+    result = run_study(tmp_path, "--config_path=flags.json", "--dry_run", "true")
+    assert result.returncode == 0, result.stderr
+    assert "Plan: 3 steps" in result.stdout
+
+
+@pytest.mark.parametrize("value", ["1_0", "5_0", "1_0.5", "0x10", "1:30", "٥", "True", "null", " ", ".inf"])
+@pytest.mark.parametrize("flag", ["--lease_timeout", "--lease_heartbeat", "--lease_poll"])
+def test_a_lease_flag_takes_the_numbers_its_variable_takes(flag, value):
+    """`--lease_poll 1_0` ran with 10 while `MARIN_LEASE_POLL=1_0` was refused."""
+    from executor import main
+    from executor.lease import LeaseConfig
+
+    variable = {"--lease_timeout": "MARIN_LEASE_TIMEOUT", "--lease_heartbeat": "MARIN_LEASE_HEARTBEAT"}
+    variable = variable.get(flag, "MARIN_LEASE_POLL")
+    if value.strip():  # (a blank variable is an unset one; a blank flag is refused as "" was)
+        with pytest.raises(ValueError, match=f"^{variable}=.* is not a number of seconds$"):
+            LeaseConfig.from_env({variable: value})
+    with pytest.raises(main.UsageError) as refused:
+        main.parse_flags([flag, value])
+    assert str(refused.value) == (
+        f"{flag} {value!r} is not a number of seconds: write plain decimal digits, e.g. 60, 0.5 or "
+        "1e3 (no underscores), as in MARIN_LEASE_*"
+    )
+
+
+@pytest.mark.parametrize("value", ["010", "1e1", "+10", "10.", "10.0", " 10 "])
+def test_a_lease_flag_reads_a_number_as_its_variable_does(value):
+    """`010` was 8 (YAML's octal) as a flag and 10 as MARIN_LEASE_POLL."""
+    from executor import main
+    from executor.lease import LeaseConfig
+
+    assert main.parse_flags(["--lease_poll", value]).lease_poll == 10.0
+    assert main.parse_flags(["--lease_poll=" + value]).lease_poll == 10.0
+    assert LeaseConfig.from_env({"MARIN_LEASE_POLL": value}).poll_interval == 10.0
+
+
+@pytest.mark.parametrize("value", ["1_0", "0x10", "0b11", "1:30", "٥", "True", "null", "~"])
+@pytest.mark.parametrize("flag", ["--max_concurrent", "--max_retries"])
+def test_a_whole_number_flag_takes_plain_decimal_digits_only(flag, value):
+    from executor import main
+
+    with pytest.raises(main.UsageError) as refused:
+        main.parse_flags([flag, value])
+    assert str(refused.value) == (
+        f"{flag} {value!r} is not a whole number: write plain decimal digits, e.g. 4 (no underscores)"
+    )
+    assert main.parse_flags([flag, "010"]) == main.ExecutorMainConfig(**{flag[2:]: 10})  # not octal 8
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--lease_poll", "1_0"], "--lease_poll '1_0' is not a number of seconds"),
+        (["--lease_timeout=5_0"], "--lease_timeout '5_0' is not a number of seconds"),
+        (["--max_concurrent", "1_0"], "--max_concurrent '1_0' is not a whole number"),
+        (["--max_retries", "0x1"], "--max_retries '0x1' is not a whole number"),
+    ],
+)
+def test_a_number_flag_with_underscores_is_one_usage_error_line(tmp_path, args, fragment):
+    result = run_study(tmp_path, "--prefix", str(tmp_path / "out"), *args)
+    error_line(result, 2, fragment, "no underscores")
+    only_the_script(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -306,6 +407,25 @@ def test_a_bucket_name_the_s3_client_refuses_is_one_error_line(tmp_path):
         result = run_study(tmp_path, "--prefix", "s3://Bad_Bucket!/out", "--dry_run", "true", env=env)
     error_line(result, 1, "s3://Bad_Bucket!/out", "the S3 client refuses it", "check the bucket name")
     only_the_script(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["", "   "], ids=["empty", "spaces"])
+def test_an_empty_marin_prefix_is_a_usage_error_not_the_default_prefix(tmp_path, value):
+    """It wrote under ./marin-output, without even the notice a missing prefix gets."""
+    result = run_study(tmp_path, env={"MARIN_PREFIX": value})
+    error_line(
+        result,
+        2,
+        "MARIN_PREFIX is set but empty: set it to a directory or a URL (s3://bucket/path), "
+        "or unset it to use ./marin-output",
+    )
+    only_the_script(tmp_path)
+
+
+def test_a_given_prefix_does_not_read_an_empty_marin_prefix(tmp_path):
+    result = run_study(tmp_path, "--prefix", str(tmp_path / "out"), env={"MARIN_PREFIX": ""})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out").is_dir()
 
 
 def test_an_unknown_scheme_in_marin_prefix_is_a_usage_error_too(tmp_path):
@@ -419,6 +539,60 @@ def test_an_unreadable_status_file_is_one_error_line_naming_the_file_and_the_fix
     result = run_study(tmp_path, "--prefix", str(tmp_path / "out"))
     error_line(result, 1, f"cannot read the status file {status_file}", "Delete it", "a")
     assert status_file.is_dir() if kind == "directory" else status_file.read_bytes() == CORRUPTIONS[kind]
+
+
+def _output_of_a(tmp_path: Path, prefix: Path) -> str:
+    plan = run_study(tmp_path, "--prefix", str(prefix), "--dry_run", "true")
+    return next(line.split("-> ")[1] for line in plan.stdout.splitlines() if f"-> {prefix}/a-" in line)
+
+
+@pytest.mark.parametrize("below", ["", "/manifests/deeper"])
+def test_manifests_inside_a_steps_output_are_a_usage_error(tmp_path, below):
+    """It was the run failing (exit 1), naming `executor_info_base_path` but not the flag."""
+    prefix = tmp_path / "out"
+    base = _output_of_a(tmp_path, prefix) + below
+    result = run_study(tmp_path, "--prefix", str(prefix), "--executor_info_base_path", base)
+    line = error_line(result, 2)
+    assert line.startswith(
+        f"error: --executor_info_base_path {base} is inside the output of step 'a' "
+        f"({_output_of_a(tmp_path, prefix)}): "
+    )
+    only_the_script(tmp_path)
+
+
+@pytest.mark.parametrize("base", ["zz", "zz/", "zz/q"], ids=["directory", "trailing-slash", "deeper"])
+def test_a_step_output_inside_the_manifests_directory_is_a_usage_error_naming_both(tmp_path, base):
+    """`--executor_info_base_path <prefix>/zz` with a step `zz/q`: the manifests' directory
+    held a step's output (the default <prefix>/experiments is refused to every step)."""
+    prefix = tmp_path / "out"
+    env = {"STUDY_NESTED_NAME": "zz/q/r" if base == "zz/q" else "zz/q"}
+    args = ["--prefix", str(prefix), "--executor_info_base_path", f"{prefix}/{base}"]
+    result = run_study(tmp_path, *args, mode="nested_output", env=env)
+    line = error_line(result, 2)
+    name = env["STUDY_NESTED_NAME"]
+    assert line.startswith(
+        f"error: --executor_info_base_path {prefix}/{base.rstrip('/')} holds the output of step "
+        f"{name!r} ({prefix}/{name}-"
+    )
+    assert "put them where no step writes, or rename the step" in line
+    only_the_script(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["prefix", "above", "sibling", "beside-the-step"])
+def test_manifests_beside_the_outputs_are_fine(tmp_path, where):
+    """The prefix itself, or a directory above it, holds the outputs and the manifests as files
+    side by side; a directory no step writes in is the manifests' own."""
+    prefix = tmp_path / "out"
+    base = {
+        "prefix": prefix,
+        "above": tmp_path,
+        "sibling": tmp_path / "manifests",
+        "beside-the-step": prefix / "zz" / "manifests",
+    }[where]
+    args = ["--prefix", str(prefix), "--executor_info_base_path", str(base)]
+    result = run_study(tmp_path, *args, mode="nested_output", env={"STUDY_NESTED_NAME": "zz/q"})
+    assert result.returncode == 0, result.stderr
+    assert f"Experiment manifest: {base}/study-" in result.stdout
 
 
 def test_an_unreadable_status_file_does_not_stop_unrelated_steps(tmp_path):

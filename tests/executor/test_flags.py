@@ -129,9 +129,9 @@ def test_manifests_inside_a_step_output_are_refused_before_anything_is_written(t
         )
         with pytest.raises(SystemExit) as exited:
             main.executor_main([step])
-        assert exited.value.code == 1
+        assert exited.value.code == main.EXIT_USAGE  # a usage error (exit 1 before the twenty-second session)
         err = capsys.readouterr().err
-        assert f"error: executor_info_base_path {base} is inside the output of step 'a' ({output})" in err
+        assert f"error: --executor_info_base_path {base} is inside the output of step 'a' ({output})" in err
         assert not os.path.exists(prefix)
     # Next to the outputs (the prefix itself) is fine: manifests are files, outputs directories.
     monkeypatch.setattr(
