@@ -280,12 +280,16 @@ def cmd_tree(args: argparse.Namespace) -> int:
     print(
         f"{experiment.id}  ran {experiment.created} ({iso_age(experiment.created)})  git {str(git.get('commit') or '?')[:8]}"
     )
+    # Paths where the tree is now (a tree copied or moved keeps its manifests' old prefix).
     by_path = {
-        entry["output_path"]: (entry, output)
+        experiment.output_path(entry, tree.prefix): (entry, output)
         for entry, output in pairs
         if isinstance(entry.get("output_path"), str)
     }
-    depends = {path: _strings(entry.get("dependencies")) for path, (entry, _) in by_path.items()}
+    depends = {
+        path: [experiment.relocated(dep, tree.prefix) for dep in _strings(entry.get("dependencies"))]
+        for path, (entry, _) in by_path.items()
+    }
     children: dict[str, list[str]] = {path: [] for path in by_path}
     for path, deps in depends.items():
         for dep in deps:

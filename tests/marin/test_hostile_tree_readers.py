@@ -160,6 +160,7 @@ def test_gc_keeps_the_outputs_of_a_tree_copied_or_moved_to_another_prefix(tree, 
     code, out, err = marin(capsys, "tree", "--prefix", elsewhere)
     assert code == 0, out + err
     assert "MISSING" not in out and "SUCCESS" in out, out
+    assert tree not in out and "notes/first-" in out, out  # named where they are now
 
 
 @pytest.mark.parametrize("how", ["copied", "linked"])
