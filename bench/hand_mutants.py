@@ -205,8 +205,8 @@ MUTANTS = [
     ),
     (
         "executor/runner.py",
-        "                if last is not None or self._found_files(path):",
-        "                if self._found_files(path):",
+        "                if last is not None or (not row.absent and self._found_files(path)):",
+        "                if not row.absent and self._found_files(path):",
         "tests/executor/test_temp_files_after_failure.py",
     ),
     (
@@ -640,7 +640,7 @@ MUTANTS = [
     ),
     (
         "executor/runner.py",
-        "                if last is not None or self._found_files(path):",
+        "                if last is not None or (not row.absent and self._found_files(path)):",
         "                if last is not None:",
         "tests/executor/test_temp_files_after_failure.py",
     ),
@@ -673,6 +673,18 @@ MUTANTS = [
         "    except NotADirectoryError:\n        raise _file_in_place_of_directory(os.path.dirname(local)) from None\n",
         "    except NotADirectoryError:\n        return None\n",
         "tests/executor/test_bad_status_files.py -k file_in_place",
+    ),
+    (
+        "executor/runner.py",
+        "                if last is not None or (not row.absent and self._found_files(path)):",
+        "                if last is not None or self._found_files(path):",
+        "tests/executor/test_temp_files_after_failure.py -k first_attempt_lists_nothing",
+    ),
+    (
+        "executor/plan.py",
+        '    return PlannedStep(step, Action.RUN, "no output yet", status, absent=absent)',
+        '    return PlannedStep(step, Action.RUN, "no output yet", status)',
+        "tests/executor/test_temp_files_after_failure.py -k first_attempt_lists_nothing",
     ),
     (
         "executor/resources.py",

@@ -717,7 +717,8 @@ def _make_25(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
     _d_previous_output = defaults['previous_output']
     _d_unversioned_changes = defaults['unversioned_changes']
     _d_status_error = defaults['status_error']
-    def __init__(self, step, action, reason, status=_d_status, lease=_d_lease, why_new=_d_why_new, previous_output=_d_previous_output, unversioned_changes=_d_unversioned_changes, status_error=_d_status_error):
+    _d_absent = defaults['absent']
+    def __init__(self, step, action, reason, status=_d_status, lease=_d_lease, why_new=_d_why_new, previous_output=_d_previous_output, unversioned_changes=_d_unversioned_changes, status_error=_d_status_error, absent=_d_absent):
         _set(self, 'step', step)
         _set(self, 'action', action)
         _set(self, 'reason', reason)
@@ -727,20 +728,21 @@ def _make_25(cls, defaults, factories, HAS_FACTORY, FrozenInstanceError):
         _set(self, 'previous_output', previous_output)
         _set(self, 'unversioned_changes', unversioned_changes)
         _set(self, 'status_error', status_error)
+        _set(self, 'absent', absent)
     def __repr__(self):
-        return f"{self.__class__.__qualname__}(step={self.step!r}, action={self.action!r}, reason={self.reason!r}, status={self.status!r}, lease={self.lease!r}, why_new={self.why_new!r}, previous_output={self.previous_output!r}, unversioned_changes={self.unversioned_changes!r}, status_error={self.status_error!r})"
+        return f"{self.__class__.__qualname__}(step={self.step!r}, action={self.action!r}, reason={self.reason!r}, status={self.status!r}, lease={self.lease!r}, why_new={self.why_new!r}, previous_output={self.previous_output!r}, unversioned_changes={self.unversioned_changes!r}, status_error={self.status_error!r}, absent={self.absent!r})"
     def __eq__(self, other):
         if other.__class__ is self.__class__:
-            return (self.step,self.action,self.reason,self.status,self.lease,self.why_new,self.previous_output,self.unversioned_changes,self.status_error,) == (other.step,other.action,other.reason,other.status,other.lease,other.why_new,other.previous_output,other.unversioned_changes,other.status_error,)
+            return (self.step,self.action,self.reason,self.status,self.lease,self.why_new,self.previous_output,self.unversioned_changes,self.status_error,self.absent,) == (other.step,other.action,other.reason,other.status,other.lease,other.why_new,other.previous_output,other.unversioned_changes,other.status_error,other.absent,)
         return NotImplemented
     def __hash__(self):
-        return hash((self.step,self.action,self.reason,self.status,self.lease,self.why_new,self.previous_output,self.unversioned_changes,self.status_error,))
+        return hash((self.step,self.action,self.reason,self.status,self.lease,self.why_new,self.previous_output,self.unversioned_changes,self.status_error,self.absent,))
     def __setattr__(self, name, value):
-        if type(self) is cls or name in ('step', 'action', 'reason', 'status', 'lease', 'why_new', 'previous_output', 'unversioned_changes', 'status_error'):
+        if type(self) is cls or name in ('step', 'action', 'reason', 'status', 'lease', 'why_new', 'previous_output', 'unversioned_changes', 'status_error', 'absent'):
             raise FrozenInstanceError(f"cannot assign to field {name!r}")
         super(cls, self).__setattr__(name, value)
     def __delattr__(self, name):
-        if type(self) is cls or name in ('step', 'action', 'reason', 'status', 'lease', 'why_new', 'previous_output', 'unversioned_changes', 'status_error'):
+        if type(self) is cls or name in ('step', 'action', 'reason', 'status', 'lease', 'why_new', 'previous_output', 'unversioned_changes', 'status_error', 'absent'):
             raise FrozenInstanceError(f"cannot delete field {name!r}")
         super(cls, self).__delattr__(name)
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
@@ -1056,7 +1058,7 @@ FACTORIES = {
     (True, True, False, (('prefix', True, True, True, None, False, ''), ('steps', True, True, True, None, False, ''), ('by_declaration', True, False, True, None, False, ''), ('declarations', True, False, True, None, False, ''))): _make_22,
     (True, True, False, (('prefix', True, True, True, None, False, 'd'), ('executor_info_base_path', True, True, True, None, False, 'd'), ('dry_run', True, True, True, None, False, 'd'), ('force_run_failed', True, True, True, None, False, 'd'), ('run_only', True, True, True, None, False, 'd'), ('max_concurrent', True, True, True, None, False, 'd'), ('lease_timeout', True, True, True, None, False, 'd'), ('lease_heartbeat', True, True, True, None, False, 'd'), ('lease_poll', True, True, True, None, False, 'd'), ('backend', True, True, True, None, False, 'd'), ('ray_address', True, True, True, None, False, 'd'), ('max_retries', True, True, True, None, False, 'd'))): _make_23,
     (True, True, False, (('rows', True, True, True, None, False, ''), ('graph', True, False, True, None, False, ''))): _make_24,
-    (True, True, False, (('step', True, True, True, None, False, ''), ('action', True, True, True, None, False, ''), ('reason', True, True, True, None, False, ''), ('status', True, True, True, None, False, 'd'), ('lease', True, True, True, None, False, 'd'), ('why_new', True, True, True, None, False, 'd'), ('previous_output', True, True, True, None, False, 'd'), ('unversioned_changes', True, True, True, None, False, 'd'), ('status_error', True, True, True, None, False, 'd'))): _make_25,
+    (True, True, False, (('step', True, True, True, None, False, ''), ('action', True, True, True, None, False, ''), ('reason', True, True, True, None, False, ''), ('status', True, True, True, None, False, 'd'), ('lease', True, True, True, None, False, 'd'), ('why_new', True, True, True, None, False, 'd'), ('previous_output', True, True, True, None, False, 'd'), ('unversioned_changes', True, True, True, None, False, 'd'), ('status_error', True, True, True, None, False, 'd'), ('absent', True, True, True, None, False, 'd'))): _make_25,
     (True, True, False, (('step', True, True, True, None, False, ''), ('name', True, True, True, None, False, ''), ('block_on_step', True, True, True, None, False, 'd'))): _make_26,
     (True, True, False, (('succeeded', True, True, True, None, False, ''), ('skipped', True, True, True, None, False, ''), ('failed', True, True, True, None, False, ''), ('duration', True, True, True, None, False, ''), ('time', True, True, True, None, True, 'f'))): _make_27,
     (True, True, False, (('value', True, True, True, None, False, ''), ('budget_gb', True, True, True, None, False, 'd'))): _make_28,

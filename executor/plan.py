@@ -105,6 +105,10 @@ class PlannedStep:
     """For an error row: why the step's status file cannot be read (None: it failed before).
     Such a step fails alone; the rest of the run goes on."""
 
+    absent: bool = False
+    """Its output directory did not exist when the plan was made (local disk): nothing in it
+    to clean up, and no link in its place to refuse, when the runner makes it."""
+
     @property
     def name(self) -> str:
         return self.step.name
@@ -425,7 +429,7 @@ def _plan_step(
         return PlannedStep(step, Action.RUN, "a dependency failed in a previous run; trying again", status)
     if status == Status.WAITING:
         return PlannedStep(step, Action.RUN, "queued by a previous (Marin) run but never started", status)
-    return PlannedStep(step, Action.RUN, "no output yet", status)
+    return PlannedStep(step, Action.RUN, "no output yet", status, absent=absent)
 
 
 def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> PlannedStep:
@@ -471,6 +475,7 @@ _SKIPPED_ROW = {
     "why_new": (),
     "previous_output": None,
     "status_error": None,
+    "absent": False,
 }
 """The fields of a cached step's plan row other than its step (and its unversioned changes, when any)."""
 

@@ -574,7 +574,7 @@ class Runner:
         if row.action == Action.ERROR:  # planned as an error (its status file cannot be read): never run
             self.emit(StepFailed(row.name, path, kind="error", error=row.reason))
             return Outcome.FAILED, row.reason
-        refusal = self._guard.refusal(path)
+        refusal = self._guard.refusal(path, absent=row.absent)
         if refusal is not None:  # nothing written: not even a FAILED line, which would go through the link
             self.emit(StepFailed(row.name, path, kind="error", error=refusal))
             return Outcome.FAILED, refusal
@@ -613,7 +613,7 @@ class Runner:
                 # An earlier attempt ran here (FAILED, or RUNNING and died), or the directory was
                 # there before this step's first attempt (a tree shared with others: links to
                 # plant, temporary files to leave in an output marked SUCCESS).
-                if last is not None or self._found_files(path):
+                if last is not None or (not row.absent and self._found_files(path)):
                     self._remove_leftovers(row)
                 return self._run_holding_lease(row)
             holder = attempt.holder

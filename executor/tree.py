@@ -457,8 +457,9 @@ class OutputGuard:
     A tree shared with others may hold `<prefix>/a-1234abcd -> ~/` (or a link in place of a
     directory above it, `<prefix>/tokenized -> /elsewhere`): the step's lease, records and
     output would be written there, with the writer's permissions. `refusal` says why a step
-    must not run (None: it may), before anything of it is written; it costs one `lstat` a step,
-    and one `realpath` per parent directory and run. Links that stay inside the prefix are
+    must not run (None: it may), before anything of it is written; it costs one `lstat` a step
+    whose directory the plan found (none for a cold step's), and one `realpath` per parent
+    directory and run. Links that stay inside the prefix are
     allowed; object stores have no links.
     """
 
@@ -469,7 +470,9 @@ class OutputGuard:
         self._real_prefix = os.path.realpath(local) if local is not None else None
         self._parents: dict[str, str | None] = {}
 
-    def refusal(self, output_path: str) -> str | None:
+    def refusal(self, output_path: str, absent: bool = False) -> str | None:
+        """`absent`: the plan found no directory at `output_path` (its parents are checked all
+        the same; a link made in its place since is a race this check does not pretend to win)."""
         local = self._store.local_path(output_path)
         if local is None or self._real_prefix is None or not is_within(local, self._prefix):
             return None
@@ -477,7 +480,7 @@ class OutputGuard:
         if parent not in self._parents:  # (the steps of a run share a few parents)
             self._parents[parent] = self._leads_out(parent)
         found = self._parents[parent]
-        if found is None and os.path.islink(local):
+        if found is None and not absent and os.path.islink(local):
             found = self._leads_out(local)
         if found is None:
             return None

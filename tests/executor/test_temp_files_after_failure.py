@@ -181,8 +181,14 @@ def test_a_first_attempt_lists_nothing(tmp_path, monkeypatch):
     """A cold step (no earlier attempt, a new directory) pays no walk of its output."""
     import executor.runner
 
-    calls = []
+    calls, listed = [], []
     monkeypatch.setattr(executor.runner, "remove_leftover_temp_files", lambda *args: calls.append(args) or 0)
+    found_files = executor.runner.Runner._found_files
+    monkeypatch.setattr(
+        executor.runner.Runner,
+        "_found_files",
+        lambda self, path: listed.append(path) or found_files(self, path),
+    )
     ATTEMPTS.clear()
     ATTEMPTS.append("pretend the first attempt was made")  # the step succeeds at once
     step = ExecutorStep(
@@ -190,6 +196,7 @@ def test_a_first_attempt_lists_nothing(tmp_path, monkeypatch):
     )
     Executor(str(tmp_path / "prefix"), console=False).run([step])
     assert calls == []
+    assert listed == []  # the plan found no directory: not even listed once made
 
 
 # -- links leading out of an output are not written through on the next attempt ----------------
