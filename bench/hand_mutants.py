@@ -634,8 +634,8 @@ MUTANTS = [
     ),
     (
         "executor/runner.py",
-        "        refusal = self._guard.refusal(path)\n        if refusal is not None:",
-        "        refusal = self._guard.refusal(path)\n        if False:",
+        "        refusal = self._guard.refusal(path, absent=row.absent)\n        if refusal is not None:",
+        "        refusal = self._guard.refusal(path, absent=row.absent)\n        if False:",
         "tests/executor/test_temp_files_after_failure.py",
     ),
     (
