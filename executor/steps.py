@@ -79,7 +79,9 @@ def _is_valid_name(name: str) -> bool:
         return False  # empty, leading or trailing '/', '//', or a '.' or '..' part
     if len(name) > MAX_LAST_NAME_PART and _long_part(name) is not None:
         return False
-    return name not in RESERVED_FIRST_PARTS and not name.startswith(_RESERVED_DIRS)
+    # (Any case: on a case-insensitive filesystem, macOS's default, `Experiments/` is `experiments/`.)
+    folded = name.lower()
+    return folded not in RESERVED_FIRST_PARTS and not folded.startswith(_RESERVED_DIRS)
 
 
 def _long_part(name: str) -> str | None:
@@ -134,9 +136,12 @@ def _name_problem(name: str) -> str | None:
     too_long = _long_part(name)
     if too_long is not None:
         return too_long
-    if parts[0] in RESERVED_FIRST_PARTS:
+    if parts[0].lower() in RESERVED_FIRST_PARTS:
+        reserved = parts[0].lower()
+        same = "" if parts[0] == reserved else " (the same directory on a case-insensitive filesystem)"
         return (
-            f"'{parts[0]}' is reserved: <prefix>/{parts[0]}/ holds the experiment manifests; rename the step"
+            f"'{parts[0]}' is reserved: <prefix>/{reserved}/ holds the experiment manifests{same}; "
+            "rename the step"
         )
     return None
 

@@ -72,6 +72,16 @@ FIX = (
             "experiments/x",
             "'experiments' is reserved: <prefix>/experiments/ holds the experiment manifests; rename the step",
         ),
+        (  # macOS's default filesystem ignores case: it is the manifests' directory there
+            "Experiments/x",
+            "'Experiments' is reserved: <prefix>/experiments/ holds the experiment manifests (the same "
+            "directory on a case-insensitive filesystem); rename the step",
+        ),
+        (
+            "EXPERIMENTS",
+            "'EXPERIMENTS' is reserved: <prefix>/experiments/ holds the experiment manifests (the same "
+            "directory on a case-insensitive filesystem); rename the step",
+        ),
     ],
     ids=lambda value: "case",
 )
