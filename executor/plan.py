@@ -408,10 +408,16 @@ def _plan_step(
         bad = StatusFileError(lease_path(step.output_path), error.why, "lease file")
         return PlannedStep(step, Action.ERROR, str(bad), status, status_error=bad)
     if lease is not None and not leases.is_stale(lease, now):
+        ahead = lease.heartbeat - now > AHEAD_NOTED_S
         return PlannedStep(
             step,
             Action.WAIT,
-            f"running elsewhere: held by {one_line(lease.worker)}, last heartbeat {utc_now_iso(lease.heartbeat)}",
+            f"running elsewhere: held by {one_line(lease.worker)}, last heartbeat {utc_now_iso(lease.heartbeat)}"
+            + (
+                " (dated ahead of this machine's clock: taken over if it does not change for the lease timeout)"
+                if ahead
+                else ""
+            ),
             status,
             lease,
         )
@@ -465,6 +471,10 @@ def _plan_succeeded(step: ResolvedStep, event: StatusEvent, store: Store) -> Pla
             changes = tuple(change.describe() for change in diff)
     return record(PlannedStep, {**_SKIPPED_ROW, "step": step, "unversioned_changes": changes})
 
+
+AHEAD_NOTED_S = 5.0
+"""A live lease's heartbeat dated more than this ahead of the planning machine's clock is
+pointed out in its row (clocks of drivers sharing a tree differ by less)."""
 
 _SKIPPED_ROW = {
     "unversioned_changes": (),

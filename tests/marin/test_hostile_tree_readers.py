@@ -398,6 +398,13 @@ def test_a_lease_dated_an_hour_ahead_that_never_changes_is_taken_over_after_the_
     append_status(open_store(tree), path, Status.RUNNING, worker="someone")
     with open(os.path.join(path, LEASE_FILE), "w") as handle:
         json.dump({"timestamp": time.time() + 3600, "worker_id": "evil:1:x"}, handle)
+    plan = Executor(tree, lease_config=FAST_LEASES, console=False).run(
+        sample_tree.note_steps("hi"), dry_run=True
+    )
+    (row,) = [row for row in plan.rows if row.name == "notes/first"]
+    assert (
+        row.action.value == "wait" and "(dated ahead of this machine's clock: taken over if it" in row.reason
+    )
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="executor.lease"):
         Executor(tree, lease_config=FAST_LEASES, console=False).run(sample_tree.note_steps("hi"))
