@@ -226,7 +226,7 @@ class Runner:
         self._continued: set[str] = set()
         self._continue_lock = threading.Lock()
         self.run_record: dict[str, Any] = {}
-        self._guard = OutputGuard(store, plan.graph.prefix)
+        self._guard = OutputGuard(store, plan.graph.prefix if plan is not None else None)
 
     # -- main thread ----------------------------------------------------------
     def lease_lost(self, output_path: str) -> None:

@@ -463,9 +463,10 @@ class OutputGuard:
     allowed; object stores have no links.
     """
 
-    def __init__(self, store: Store, prefix: str):
+    def __init__(self, store: Store, prefix: str | None):
+        """`prefix` None: no prefix to guard (a runner made without a plan, in tests)."""
         self._store = store
-        local = store.local_path(prefix)
+        local = store.local_path(prefix) if prefix is not None else None
         self._prefix = local
         self._real_prefix = os.path.realpath(local) if local is not None else None
         self._parents: dict[str, str | None] = {}
