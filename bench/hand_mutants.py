@@ -622,14 +622,14 @@ MUTANTS = [
     ),
     (
         "marin/outputs.py",
-        '            if path.startswith(recorded + "/"):\n                return prefix + path[len(recorded) :]',
-        "            if False:\n                return prefix + path[len(recorded) :]",
+        '            return _moved(path, recorded.rstrip("/"), prefix)',
+        "            return path",
         "tests/marin/test_hostile_tree_readers.py -k copied",
     ),
     (
         "marin/outputs.py",
-        '        if moved is None or not isinstance(path, str) or not path.startswith(moved[0] + "/"):',
-        "        if True:",
+        "        return path if moved is None or not isinstance(path, str) else _moved(path, *moved)",
+        "        return path",
         "tests/marin/test_hostile_tree_readers.py -k 'copied_tree or relocated_only'",
     ),
     (

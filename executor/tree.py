@@ -459,8 +459,7 @@ class OutputGuard:
     output would be written there, with the writer's permissions. `refusal` says why a step
     must not run (None: it may), before anything of it is written; it costs one `lstat` a step
     whose directory the plan found (none for a cold step's), and one `realpath` per parent
-    directory and run. Links that stay inside the prefix are
-    allowed; object stores have no links.
+    directory and run. Links that stay inside the prefix are allowed; object stores have no links.
     """
 
     def __init__(self, store: Store, prefix: str | None):

@@ -237,9 +237,7 @@ class StepOutput:
         under the prefix the output was written under are read under this tree's prefix
         (anything else, a path elsewhere or not a string, is returned as it is)."""
         moved = self._moved_from
-        if moved is None or not isinstance(path, str) or not path.startswith(moved[0] + "/"):
-            return path
-        return moved[1] + path[len(moved[0]) :]
+        return path if moved is None or not isinstance(path, str) else _moved(path, *moved)
 
     def dependency_field(self, index: int) -> str:
         """Where `dependencies[index]`'s output path is in `.executor_info` (for messages)."""
@@ -301,10 +299,13 @@ class Experiment:
         the manifest records (see `output_path`); anything else as it is."""
         recorded = self.record.get("prefix")
         if isinstance(recorded, str) and recorded.rstrip("/") and recorded != prefix:
-            recorded = recorded.rstrip("/")
-            if path.startswith(recorded + "/"):
-                return prefix + path[len(recorded) :]
+            return _moved(path, recorded.rstrip("/"), prefix)
         return path
+
+
+def _moved(path: str, old_prefix: str, new_prefix: str) -> str:
+    """`path` under `new_prefix` if it lies under `old_prefix` (a tree copied or moved), else as it is."""
+    return new_prefix + path[len(old_prefix) :] if path.startswith(old_prefix + "/") else path
 
 
 def iso_age(date: str | None, now: float | None = None) -> str:
