@@ -38,7 +38,10 @@ own heartbeat and be taken over while it still runs. The keeper kills the driver
 its leases is taken over anyway (the driver was paused past the timeout), so that the step
 cannot write into an output another driver owns. Confirming and releasing a young lease
 stay local (the keeper refreshes a lease only once it is a heartbeat interval old); for an
-older one the driver asks the keeper, which holds the lease's current bytes.
+older one the driver asks the keeper, which holds the lease's current bytes. "Young" is
+judged just before the delete, so the keeper's first refresh can begin in between; the
+delete therefore waits for a swap in progress (`Store.delete_between_swaps`), or the swap's
+rename would make the file again in an output the run has finished with.
 """
 
 from __future__ import annotations
@@ -427,7 +430,9 @@ class LeaseManager:
             if self._young(written):
                 if self.keeper_prefix is not None:
                     self._tell_keeper("drop", path)  # before the delete: see executor.lease_keeper
-                self.store.delete(path)  # nobody else can hold it (module docstring)
+                # Nobody else can hold it (module docstring), but the keeper may be swapping
+                # in a fresh heartbeat right now; its swap must not bring the file back.
+                self.store.delete_between_swaps(path)
                 return
             if self.keeper_prefix is not None:
                 released = self._ask_keeper("release", output_path) is not None

@@ -295,6 +295,17 @@ class Store:
         with contextlib.suppress(FileNotFoundError):
             self._io("delete tree", path, self.fs.rm, self.fs_path(path), recursive=True)
 
+    def delete_between_swaps(self, path: str) -> None:
+        """Delete `path`, never in the middle of another process's `compare_and_swap` of it.
+
+        A plain delete can land between a swap's read and its write, and the write then
+        makes the file again (on local disk the swap renames its new bytes into place).
+        Under the swap's own lock the delete waits for a swap in progress, and a swap that
+        starts after it reads nothing and fails. Object stores need no lock: their swap is
+        conditional on the version it read, which a delete ends."""
+        with self._locked(path):
+            self.delete(path)
+
     def _locked(self, path: str):
         return contextlib.nullcontext()
 

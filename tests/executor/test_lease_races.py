@@ -259,6 +259,51 @@ def test_a_release_racing_a_heartbeat_leaves_no_lease_and_reports_no_loss(store_
         leases.close()
 
 
+def test_a_young_release_during_a_keeper_swap_leaves_no_lease_behind(store_and_root, monkeypatch):
+    """The keeper (another process, here a thread) starts its first heartbeat swap just as
+    the driver releases the lease, judged young a moment before. The swap has read our bytes
+    and is about to write: a delete that does not wait for it lets the swap's write make the
+    lease again, in an output the run has finished with (CI saw a tree that could not be
+    removed right after a run). The release must wait for the swap and delete after it."""
+    store, root = store_and_root
+    output = f"{root}/step-abc"
+    path = lease_path(output)
+    leases = LeaseManager(store, QUIET, "worker-1")
+    try:
+        assert leases.try_acquire(output).acquired
+        mine = store.read_bytes(path)
+        swap_has_read, released = threading.Event(), threading.Event()
+        real_read = store.read_bytes
+
+        def read_then_wait_for_the_release(read_path):
+            data = real_read(read_path)
+            if threading.current_thread().name == "keeper" and read_path == path:
+                swap_has_read.set()
+                released.wait(timeout=BARRIER_TIMEOUT)  # a release that waits for us never comes
+            return data
+
+        monkeypatch.setattr(store, "read_bytes", read_then_wait_for_the_release)
+        swapped: list[bool] = []
+        keeper = threading.Thread(
+            target=lambda: swapped.append(store.compare_and_swap(path, mine, mine + b" ")), name="keeper"
+        )
+        keeper.start()
+        assert swap_has_read.wait(timeout=10)
+
+        def release() -> None:
+            leases.release(output)
+            released.set()
+
+        race(release)
+        keeper.join(timeout=30)
+        monkeypatch.undo()
+        assert swapped == [True]  # the swap went through, before the delete
+        assert store.read_bytes(path) is None
+        assert not leases.holds(output)
+    finally:
+        leases.close()
+
+
 def test_two_drivers_racing_for_a_free_lease_one_wins(store_and_root, monkeypatch):
     store, root = store_and_root
     output = f"{root}/step-abc"
