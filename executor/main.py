@@ -193,7 +193,7 @@ def executor_main(steps: list[ExecutorStep | InputName], description: str | None
         # From here, not only once the run starts its steps: SIGTERM while the plan waits out
         # a storage client's retries ended the process by the signal (143, no message).
         with sigterm_interrupts():
-            executor.run(
+            plan = executor.run(
                 steps,
                 dry_run=config.dry_run,
                 run_only=config.run_only,
@@ -208,10 +208,27 @@ def executor_main(steps: list[ExecutorStep | InputName], description: str | None
         _exit(_describe_os_error(error), EXIT_FAILED)
     except KeyboardInterrupt:
         _exit("interrupted", EXIT_INTERRUPTED)
-    if not config.dry_run and executor.executor_info_path:
+    if config.dry_run:
+        _exit_if_the_plan_has_errors(plan)
+    elif executor.executor_info_path:
         write_or_drop(sys.stdout, f"Experiment manifest: {executor.executor_info_path}\n")
     settle_stdout()
     return executor
+
+
+def _exit_if_the_plan_has_errors(plan) -> None:
+    """A dry run whose plan has error rows exits 1, as the run itself would: a script or CI
+    job that checks an experiment with `--dry_run true` must not read "fine" from it. The
+    rows above already say, each, what to do."""
+    from executor.plan import Action
+
+    failing = [row.name for row in (plan.rows if plan is not None else ()) if row.action == Action.ERROR]
+    if failing:
+        shown = ", ".join(failing[:10]) + (f", ... ({len(failing)} in all)" if len(failing) > 10 else "")
+        _exit(
+            f"dry run: {len(failing)} step(s) would fail: {shown}; each error row above says what to do",
+            EXIT_FAILED,
+        )
 
 
 def _refuse_manifests_among_outputs(steps, prefix: str, base: str) -> None:

@@ -208,6 +208,43 @@ def test_force_run_failed_false_refuses_to_rerun_a_failed_step(cli, capsys):
     assert CALLS == {"flaky": 2}
 
 
+def test_a_dry_run_whose_plan_has_error_rows_exits_1_naming_them(cli, capsys, tmp_path):
+    """A CI job checking an experiment with `--dry_run true` must not read success from a
+    plan that says the run would fail (a step failed before; an unreadable status file)."""
+    assert cli([write_step("flaky", fn=fail), write_step("fine")]) == 1
+    capsys.readouterr()
+    written = sorted(p.name for p in (tmp_path / "out").rglob("*"))
+
+    assert (
+        cli([write_step("flaky"), write_step("fine")], "--dry_run", "true", "--force_run_failed", "false")
+        == 1
+    )
+    captured = capsys.readouterr()
+    assert "error" in captured.out  # the plan's row, with its reason...
+    assert captured.err.strip() == (
+        "error: dry run: 1 step(s) would fail: flaky; each error row above says what to do"
+    )  # ...and the run's verdict, naming only the failing step
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == written  # nothing written
+    assert CALLS == {"flaky": 1, "fine": 1}
+
+    # By default (force_run_failed) the failed step would run again: the dry run is fine.
+    assert (
+        cli([write_step("flaky"), write_step("fine")], "--dry_run", "true", "--force_run_failed", "true") == 0
+    )
+    assert capsys.readouterr().err == ""
+
+
+def test_a_dry_run_with_an_unreadable_status_file_exits_1(cli, capsys, tmp_path):
+    assert cli([write_step("fine")]) == 0
+    (status,) = (tmp_path / "out").glob("fine-*/.executor_status")
+    status.write_bytes(b"\xff\xfe garbage")
+    capsys.readouterr()
+    assert cli([write_step("fine")], "--dry_run", "true") == 1
+    err = capsys.readouterr().err
+    assert "1 step(s) would fail: fine" in err
+    assert status.read_bytes() == b"\xff\xfe garbage"  # left for the user to look at
+
+
 def test_failed_steps_rerun_without_the_flag(cli):
     assert cli([write_step("flaky", fn=fail)]) == 1
     assert cli([write_step("flaky")]) == 0
