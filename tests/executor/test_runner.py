@@ -316,6 +316,44 @@ def test_the_experiment_manifest_records_steps_and_provenance(tmp_path):
     assert step["version"]["name"] == "a"
 
 
+def test_the_manifest_is_the_compact_dump_of_its_record_with_each_steps_own_outcome(tmp_path, monkeypatch):
+    """Both manifest writes (at the start: no outcomes; at the end: each step's) are exactly
+    `json.dumps(record, separators=(",", ":"))`, whatever the entries' encoding reuses."""
+    import executor.executor as executor_module
+
+    texts: list[str] = []
+    real_write = executor_module.write_experiment_info
+
+    def write_and_keep(store, path, *args, **kwargs):
+        steps_json = real_write(store, path, *args, **kwargs)
+        with open(path, encoding="ascii") as handle:  # ASCII: json.dumps's default escapes
+            texts.append(handle.read())
+        return steps_json
+
+    monkeypatch.setattr(executor_module, "write_experiment_info", write_and_keep)
+    ok = write_step("data/ok", "größe ✓")
+    broken = write_step("broken", 2, fn=fail, description='says "hi"\n')
+    after = write_step("after", 3, inputs=[output_path_of(broken)])
+    executor = Executor(str(tmp_path), console=False, description="Studie: λ")
+    with pytest.raises(ExecutorRunError):
+        executor.run([ok, after])
+    assert len(texts) == 2
+    for text in texts:
+        assert text == json.dumps(json.loads(text), separators=(",", ":")) + "\n"
+    started, finished = (json.loads(text) for text in texts)
+    assert [s["outcome"] for s in started["steps"]] == [None, None, None]
+    assert {s["name"]: s["outcome"] for s in finished["steps"]} == {
+        "data/ok": "succeeded",
+        "broken": "failed",
+        "after": "dep_failed",
+    }
+    assert finished["description"] == "Studie: λ" and finished["finished_date"]
+    assert next(s for s in finished["steps"] if s["name"] == "broken")["description"] == 'says "hi"\n'
+    assert [{k: v for k, v in s.items() if k != "outcome"} for s in started["steps"]] == [
+        {k: v for k, v in s.items() if k != "outcome"} for s in finished["steps"]
+    ]
+
+
 def test_executor_info_base_path_moves_the_manifest(tmp_path):
     executor = Executor(str(tmp_path / "out"), str(tmp_path / "manifests"), console=False)
     executor.run([write_step("a", 1)])
