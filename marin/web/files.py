@@ -19,7 +19,9 @@ shard in each of a dozen steps gets one budget, not one per file), and the reade
 when it is spent, so a small compressed file that expands to gigabytes (a "zip bomb"), or
 a page far into a huge file, cannot tie up a core. The file viewer then says where it
 stopped (a 'stopped' page); other readers raise `ReadLimit`, which the pages show as an
-error or as a note saying which files were not (fully) read.
+error or as a note saying which files were not (fully) read. The heads of files a page
+shows (`read_head`: a compare page's sources, a training page's results.json) count in
+the same budget when the page passes it.
 
 Only regular files are read: a FIFO, device or socket is refused with 403 (`Refused`)
 without blocking on it, by the file viewer as by `open_raw`.
@@ -484,10 +486,17 @@ def _parquet_page(store: Store, target: Target, offset: int, limit: int, size: i
     )
 
 
-def read_head(store: Store, target: Target, max_bytes: int) -> tuple[str, bool]:
-    """The first `max_bytes` of a file as text, and whether there was more."""
+def read_head(
+    store: Store, target: Target, max_bytes: int, budget: ReadBudget | None = None
+) -> tuple[str, bool]:
+    """The first `max_bytes` of a file as text, and whether there was more. With a `budget`
+    the bytes read count in it, and a spent budget raises `ReadLimit` before the file is opened."""
+    if budget is not None:
+        budget.check(target.relpath)
     with open_raw(store, target) as raw:
         data = raw.read(max_bytes + 1)
+    if budget is not None:
+        budget.read += len(data)
     return data[:max_bytes].decode("utf-8", errors="replace"), len(data) > max_bytes
 
 

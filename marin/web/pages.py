@@ -22,7 +22,9 @@ imported or called, and a step whose file was not read says why ("not read").
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import heapq
 import json
 import math
 import os
@@ -39,9 +41,12 @@ from executor.store import Store, normalize_prefix, open_store
 from executor.tree import INFO_FILE, LEASE_FILE, LOG_FILE, STATUS_FILE
 from marin import leaderboard, predictions
 from marin.outputs import (
+    EXPERIMENTS_DIR,
+    MAX_RECORD_BYTES,
     Experiment,
     OutputTree,
     StepOutput,
+    TreeFileError,
     finite_number,
     human_duration,
     human_size,
@@ -75,6 +80,27 @@ MAX_METRIC_KEY_CHARS = 200
 """A metric name longer than this is left out (and counted)."""
 MAX_LEFT_OUT_NAMES = 10_000
 """Names of left-out metrics remembered to count them; past that the page says "at least"."""
+MAX_LOOKUP_BYTES = 32 << 20
+"""Bookkeeping (steps' records, experiment manifests) that the lookups of related steps of a
+compare or training page read at most, also counted in the request's read budget
+(`_Tree.count_reads`); past it (plus the record that crosses it, at most 4 MiB) no record is
+read and the page says what was not looked at. Manifests are parsed and held: 40 MB of crafted
+ones took 200 MB and, looked up once per step of a chain, 8 s of CPU (real ones are ~8 KB)."""
+LOOKUP_TIME_SHARE = 0.5
+"""The share of the request's `MAX_READ_SECONDS` a compare page's chain lookup may use: the
+rest is left for reading the steps' shards."""
+MAX_RESULTS_FILES = 20
+"""results.json files a training page reads (its step's and those of the steps that read it,
+by path); 100 of 1 MiB once made a 164 MB page and took 8 s of CPU and 1 GB."""
+MAX_RESULT_ROWS = 200
+"""Values shown from one results.json (flattened); the rest are counted, not shown."""
+MAX_CELL_CHARS = 300
+"""A name or value of a results.json table longer than this is cut."""
+MAX_CONFIG_FIELDS = 1000
+"""Recorded config fields per run the leaderboard compares to say what differs (the first by
+name): ten runs of 100,000 differing fields took 8 s of CPU."""
+MAX_LABEL_CHARS = 200
+"""A prediction's target label longer than this is cut (prediction.json may hold 1 MiB)."""
 
 
 @dataclass
@@ -96,6 +122,85 @@ class _Tree(OutputTree):
         super().__init__(prefix, store)
         self.guard = guard
         self._loaded: dict[str, StepOutput | None] = {}
+        self.budget: filepages.ReadBudget | None = None
+        self.lookup_seconds: float | None = None
+        self.records_read = 0
+        self.refused: list[tuple[str, str]] = []
+        """(path, why) of each bookkeeping file not read because the lookup limits were reached."""
+        self._count_lock = threading.Lock()
+        self._readers: _Readers | None = None
+
+    def count_reads(self, budget: filepages.ReadBudget, seconds: float | None = None) -> None:
+        """From now on, the bookkeeping this tree reads counts in `budget` (the request's), at
+        most `MAX_LOOKUP_BYTES` of it: past that, once `budget` is spent, or once `seconds` of
+        it have passed, a record is not read (TreeFileError, and `refused` says which)."""
+        self.budget = budget
+        self.lookup_seconds = seconds
+
+    def lookup_spent(self) -> str | None:
+        """Why this request's lookups of related steps must stop now; None while they may go on."""
+        budget = self.budget
+        if budget is None:
+            return None
+        if self.records_read > MAX_LOOKUP_BYTES:
+            return f"the lookup reads at most {MAX_LOOKUP_BYTES >> 20} MiB of steps' records and manifests"
+        elapsed = budget.elapsed
+        if budget.read > filepages.MAX_READ_BYTES or elapsed > filepages.MAX_READ_SECONDS:
+            return _budget_spent()
+        if self.lookup_seconds is not None and elapsed > self.lookup_seconds:
+            return f"the lookup stops after {self.lookup_seconds:g} s, leaving the rest of the request's time to the files"
+        return None
+
+    def read_record(self, path: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
+        if self.budget is None:
+            return super().read_record(path, limit)
+        why = self.lookup_spent()
+        if why is not None:
+            with self._count_lock:
+                self.refused.append((path, why))
+            raise TreeFileError(f"{path}: not read: {why}")
+        data = super().read_record(path, limit)
+        if data:
+            with self._count_lock:
+                self.records_read += len(data)
+                self.budget.read += len(data)
+        return data
+
+    @property
+    def readers_cut(self) -> str | None:
+        """Why `readers()` did not look at every manifest (None: it did, or was not asked)."""
+        return self._readers.cut if self._readers is not None else None
+
+    def readers(self) -> _Readers:
+        """Who reads each output, from the experiment manifests: built once per request (a
+        compare page asks for each step of its chain), within the lookup limits."""
+        if self._readers is not None:
+            return self._readers
+        users: dict[str, dict[str, str]] = {}
+        members: dict[str, list[Experiment]] = {}
+        cut = None
+        experiments = self.experiments
+        manifests = f"{self.abspath(EXPERIMENTS_DIR)}/"
+        refused = [why for path, why in self.refused if path.startswith(manifests)]
+        if refused:
+            cut = (
+                f"{len(refused)} experiment manifest{'s' if len(refused) != 1 else ''} not read: {refused[0]}"
+            )
+        for exp in experiments:
+            for number, entry in enumerate(exp.steps):
+                if number % 1024 == 0 and (why := self.lookup_spent()) is not None:
+                    cut = cut or f"the experiment manifests were read only in part: {why}"
+                    break
+                output = exp.output_path(entry, self.prefix) or ""
+                members.setdefault(output, []).append(exp)
+                name = _str(entry.get("name"))
+                for dep in _entry_deps(entry, exp, self.prefix):
+                    users.setdefault(dep, {}).setdefault(output, name)
+            else:
+                continue
+            break
+        self._readers = _Readers(users, members, cut)
+        return self._readers
 
     def load_step(self, path: Any) -> StepOutput | None:
         if not isinstance(path, str):  # a recorded path of the wrong JSON type names nothing
@@ -121,6 +226,20 @@ class _Tree(OutputTree):
             # step then says why its file was not read.
             return refused.status != 403
         return True
+
+
+@dataclass
+class _Readers:
+    """Who reads what, from the experiment manifests (`_Tree.readers`)."""
+
+    users: dict[str, dict[str, str]]
+    """{output path: {the output path of a step that reads it: that step's name}}."""
+
+    members: dict[str, list[Experiment]]
+    """{output path: the experiments that include it (once per entry)}."""
+
+    cut: str | None
+    """Why not every manifest was looked at (the lookup limits), else None."""
 
 
 def _int(params: dict[str, list[str]], key: str, default: int, high: int = 1 << 62) -> int:
@@ -242,9 +361,12 @@ class App:
         if by not in leaderboard.METRICS:
             raise Refused(400, f"bad by: {by!r} (one of {', '.join(leaderboard.METRICS)})")
         try:
-            groups = leaderboard.rank(leaderboard.training_runs(tree, pattern), by)
+            runs = leaderboard.training_runs(tree, pattern)
         except ValueError as error:
             raise Refused(400, str(error)) from None
+        # Saying what differs compares every recorded field of every run of a group: bounded.
+        wide = sum(1 for run in runs if len(run.version_config) > MAX_CONFIG_FIELDS)
+        groups = leaderboard.rank([_narrowed(run) for run in runs], by)
         other = "bpb" if by == "loss" else "loss"
         body = (
             "<h1>Leaderboard</h1>"
@@ -254,6 +376,12 @@ class App:
             f"ranked by final <b>eval/{esc(by)}</b> (lower is better) among runs on equal tokens; "
             f"{link(url('leaderboard', q=pattern, by=other), f'rank by eval/{other}')}</form>"
         )
+        if wide:
+            body += (
+                f'<p class="muted note left-out">{wide} run{"s" if wide != 1 else ""} record more than '
+                f"{MAX_CONFIG_FIELDS:,} config fields: what differs is compared over the first "
+                f"{MAX_CONFIG_FIELDS:,} of each (by name)</p>"
+            )
         if not groups:
             body += '<p class="muted">no finished training runs' + (
                 f" matching {esc(pattern)}</p>" if pattern else "</p>"
@@ -314,7 +442,7 @@ class App:
         rows = [
             [
                 _path_link("step", p.step.relpath),
-                esc(p.target_label or "?"),
+                esc(_cut(p.target_label or "?", MAX_LABEL_CHARS)),
                 num(_fmt_or_dash(p.predicted_loss)),
                 num(_fmt_or_dash(p.actual_loss)),
                 num(f"{p.relative_error:+.2%}" if p.relative_error is not None else "-"),
@@ -338,7 +466,7 @@ class App:
         )
         rows = [
             ("prediction", self.step_link(p.step.path)),
-            ("target", esc(p.target_label or "?")),
+            ("target", esc(_cut(p.target_label or "?", MAX_LABEL_CHARS))),
             ("predicted final eval loss", num(_fmt_or_dash(p.predicted_loss))),
             ("interval", num(interval)),
             ("written", esc(p.created_at or "?") + ("" if p.intact else " <b>EDITED since</b>")),
@@ -475,17 +603,12 @@ class App:
         return step
 
     def dependents(self, tree: _Tree, path: str) -> tuple[dict[str, str], list[Experiment]]:
-        """Outputs that read `path` (from the manifests), and the experiments that include it."""
-        users: dict[str, str] = {}
-        experiments = []
-        for exp in tree.experiments:
-            for entry in exp.steps:
-                if exp.output_path(entry, tree.prefix) == path:
-                    experiments.append(exp)
-                if path in _entry_deps(entry, exp, tree.prefix):
-                    users.setdefault(exp.output_path(entry, tree.prefix) or "", _str(entry.get("name")))
+        """Outputs that read `path` (from the manifests), and the experiments that include it;
+        `tree.readers().cut` says when not every manifest was looked at."""
+        readers = tree.readers()
+        users = dict(readers.users.get(path, {}))
         users.pop("", None)
-        return users, experiments
+        return users, list(readers.members.get(path, []))
 
     def step(self, tree: _Tree, rest: str, params: dict) -> Response:
         step = self.load(tree, rest)
@@ -628,11 +751,15 @@ class App:
 
     # -- training -------------------------------------------------------------
     def training(self, tree: _Tree, rest: str, _params: dict) -> Response:
+        # One read budget for metrics.jsonl, the lookup of the steps that read this one and
+        # their results.json.
+        budget = filepages.ReadBudget()
+        tree.count_reads(budget)
         step = self.load(tree, rest)
         metrics = self.guard.resolve(f"{step.relpath}/metrics.jsonl")
         collected = _Metrics()
         lines = 0
-        for _number, record in filepages.iter_records(self.store, metrics):
+        for _number, record in filepages.iter_records(self.store, metrics, budget=budget):
             lines += 1
             at = finite_number(record.get("step")) if record else None
             if at is None:
@@ -704,24 +831,42 @@ class App:
             "<h2>Metrics</h2>"
             + table(["metric", "last", "min", "last step", "points"], summary_rows, "metrics"),
         ]
-        body.append("<h2>Eval results</h2>" + self.results_html(tree, step))
+        body.append("<h2>Eval results</h2>" + self.results_html(tree, step, budget))
         return self.html(f"Training {step.name}", "".join(body))
 
-    def results_html(self, tree: _Tree, step: StepOutput) -> str:
-        """results.json of this step and of the steps that read it (evaluations)."""
+    def results_html(self, tree: _Tree, step: StepOutput, budget: filepages.ReadBudget) -> str:
+        """results.json of this step and of the steps that read it (evaluations): at most
+        `MAX_RESULTS_FILES` of them, read within the request's `budget`, each table at most
+        `MAX_RESULT_ROWS` values; notes say what was left out."""
         sources = [(step.path, step.name)]
         users, _experiments = self.dependents(tree, step.path)
         sources += sorted(users.items())
         parts = []
-        for path, name in sources:
+        notes = []
+        read = 0
+        for index, (path, name) in enumerate(sources):
+            left = sources[index:]
+            if read >= MAX_RESULTS_FILES:
+                notes.append(
+                    f"{len(left)} more steps that read it were not looked at (a page reads at most "
+                    f"{MAX_RESULTS_FILES} results.json): {self._steps_named(left)}"
+                )
+                break
             relpath = self.rel(path)
             if relpath is None:
                 continue
             try:
                 target = self.guard.resolve(f"{relpath}/results.json")
-                text, cut = filepages.read_head(self.store, target, SMALL_JSON_BYTES)
+                text, cut = filepages.read_head(self.store, target, SMALL_JSON_BYTES, budget)
+            except filepages.ReadLimit:
+                notes.append(
+                    f"{len(left)} more steps not looked at for results.json: {_budget_spent()} "
+                    f"(metrics.jsonl, the manifests and results.json together): {self._steps_named(left)}"
+                )
+                break
             except (Refused, FileNotFoundError, NotADirectoryError, IsADirectoryError, OSError):
                 continue
+            read += 1
             try:
                 value = json.loads(text) if not cut else None
             except (ValueError, RecursionError):
@@ -731,12 +876,33 @@ class App:
                     f"<p>{link(url('file', target.relpath), target.relpath)}: not a small JSON object</p>"
                 )
                 continue
-            rows = [[esc(key), num(_fmt(val))] for key, val in _flatten(value)]
+            rows, more = [], 0
+            for key, val in _flatten(value):
+                if len(rows) < MAX_RESULT_ROWS:
+                    rows.append([esc(_cut(key, MAX_CELL_CHARS)), num(_cut(_fmt(val), MAX_CELL_CHARS))])
+                else:
+                    more += 1
             parts.append(
                 f"<h3>{_path_link('step', relpath, name)} <small>{link(url('file', target.relpath), 'results.json')}"
                 f"</small></h3>" + table(["metric", "value"], rows, "results")
             )
-        return "".join(parts) or '<p class="muted">no results.json in this step or the steps that read it</p>'
+            if more:
+                parts.append(
+                    f'<p class="muted note left-out">{more} more values are not shown (a table shows at '
+                    f"most {MAX_RESULT_ROWS}): {link(url('file', target.relpath), 'results.json')}</p>"
+                )
+        if tree.readers_cut is not None:
+            notes.append(f"the steps that read it were not all looked up: {esc(tree.readers_cut)}")
+        html = "".join(f'<p class="muted note left-out">{note}</p>' for note in notes)
+        return html + (
+            "".join(parts) or '<p class="muted">no results.json in this step or the steps that read it</p>'
+        )
+
+    def _steps_named(self, sources: list[tuple[str, str]], shown: int = 10) -> str:
+        """Links to the first `shown` of (output path, name), and how many more."""
+        links = [self.step_link(path, name) for path, name in sources[:shown]]
+        more = len(sources) - len(links)
+        return ", ".join(links) + (f", and {more} more" if more > 0 else "")
 
     # -- files ----------------------------------------------------------------
     def is_dir(self, target: Target) -> bool:
@@ -869,6 +1035,12 @@ class App:
 
     # -- documents across steps -----------------------------------------------
     def compare(self, tree: _Tree, rest: str, params: dict) -> Response:
+        # One read budget for the whole request: the steps' records and the manifests the chain
+        # lookup reads (at most MAX_LOOKUP_BYTES, and half the time), every step's file and the
+        # source previews. The page reads a shard in up to CHAIN_LIMIT steps, and a budget per
+        # file would multiply the limits.
+        budget = filepages.ReadBudget()
+        tree.count_reads(budget, filepages.MAX_READ_SECONDS * LOOKUP_TIME_SHARE)
         target = self.guard.resolve(rest)
         step = self.owning_step(tree, target.relpath)
         if step is None or target.relpath == step.relpath:
@@ -876,12 +1048,8 @@ class App:
         shard = target.relpath[len(step.relpath) + 1 :]
         offset = _int(params, "offset", 0)
         limit = max(1, _int(params, "limit", DOCS_PER_PAGE, MAX_DOCS_PER_PAGE))
-        chain, source = self.chain(tree, step, shard)
+        chain, source, lookup_stopped = self.chain(tree, step, shard)
         targets = [self.guard.resolve(f"{item.relpath}/{shard}") for item in chain]
-
-        # One read budget for the whole request, every step's file together: the page reads a
-        # shard in up to CHAIN_LIMIT steps, and a budget per file would multiply the limits.
-        budget = filepages.ReadBudget()
         unread: list[str | None] = [None] * len(chain)  # per step: why its file was not (fully) read
 
         # The first step's page fixes which documents are shown.
@@ -920,21 +1088,27 @@ class App:
             except filepages.ReadLimit as stopped:
                 unread[index] = f"read in part: {stopped.message}"
             columns.append(found)
-        raw_texts = self.source_texts(source, base) if source is not None else {}
+        raw_texts: dict[str, str] = {}
+        sources_unread: tuple[set[str], str] | None = None  # (documents, why) not read for the limit
+        if source is not None:
+            raw_texts, sources_unread = self.source_texts(source, base, budget)
 
         header = ["document"]
-        if raw_texts:
+        if raw_texts or sources_unread:
             header.append(f"{source.name} (source file)")
         header += [item.name for item in chain]
         rows = []
         dropped_count = Counter()
         for doc_id, _record in base:
             row = [f'<td class="docid mono">{esc(doc_id)}</td>']
-            if raw_texts:
+            if raw_texts or sources_unread:
                 text = raw_texts.get(doc_id)
-                row.append(
-                    _doc_cell(text, "") if text is not None else '<td class="gone">(no source file)</td>'
-                )
+                if text is not None:
+                    row.append(_doc_cell(text, ""))
+                elif sources_unread and doc_id in sources_unread[0]:
+                    row.append('<td class="unread"><span class="mark">not read (read limit)</span></td>')
+                else:
+                    row.append('<td class="gone">(no source file)</td>')
             previous_text, gone = None, False
             for index, column in enumerate(columns):
                 record = column.get(doc_id)
@@ -976,6 +1150,11 @@ class App:
             for item, why in zip(chain, unread, strict=True)
             if why is not None
         ]
+        if sources_unread and source is not None:
+            limited.append(
+                f"<li>source files of {_path_link('step', source.relpath, source.name)}: not read for "
+                f"{len(sources_unread[0])} documents: {esc(sources_unread[1])}</li>"
+            )
         stopped_html = (
             '<div class="note read-limit"><p><b>Not every step\'s file was read</b>: the browser reads '
             f"at most {filepages.MAX_READ_BYTES >> 20} MiB, or {filepages.MAX_READ_SECONDS:g} s, of "
@@ -984,10 +1163,22 @@ class App:
             if limited
             else ""
         )
+        lookup_html = (
+            '<div class="note lookup-limit"><p><b>The chain of steps may go on</b>: finding it reads '
+            "the steps' records and the experiment manifests, at most "
+            f"{MAX_LOOKUP_BYTES >> 20} MiB of them and "
+            f"{filepages.MAX_READ_SECONDS * LOOKUP_TIME_SHARE:g} s of the request's read budget, "
+            "and the lookup stopped:</p><ul>"
+            + "".join(f"<li>{esc(why)}</li>" for why in lookup_stopped)
+            + "</ul></div>"
+            if lookup_stopped
+            else ""
+        )
         body = (
             f"<h1>{esc(shard)} across steps</h1>"
             f"<p>{shard_links}</p><p class=muted>on this page: {esc(summary)}. Steps are linked through their "
             "recorded dependencies; a document is matched by its id.</p>"
+            + lookup_html
             + stopped_html
             + nav
             + table(header, rows, "compare")
@@ -995,16 +1186,25 @@ class App:
         )
         return self.html(f"{shard} across steps", body)
 
-    def chain(self, tree: _Tree, step: StepOutput, shard: str) -> tuple[list[StepOutput], StepOutput | None]:
-        """Consecutive steps holding the same shard (upstream first), and the step before
-        them (a source without that shard, e.g. raw files), found via dependencies."""
+    def chain(
+        self, tree: _Tree, step: StepOutput, shard: str
+    ) -> tuple[list[StepOutput], StepOutput | None, list[str]]:
+        """Consecutive steps holding the same shard (upstream first), the step before them (a
+        source without that shard, e.g. raw files), found via dependencies, and why the lookup
+        stopped before the chain's ends (`_Tree.lookup_spent`; empty when it did not)."""
         chain = [step]
         source = None
         seen = {step.path}
+        stopped: list[str] = []
         current = step
-        while len(chain) < CHAIN_LIMIT:
+        while len(chain) < CHAIN_LIMIT and not stopped:
             previous = None
             for dep in current.dependencies:
+                why = tree.lookup_spent()
+                if why is not None:
+                    stopped.append(f"the steps that {current.name} reads were not all looked at: {why}")
+                    source = None  # one not looked at may hold the shard
+                    break
                 candidate = tree.load_step(dep.get("output_path") or "")
                 if candidate is None or candidate.path in seen:
                     continue
@@ -1019,10 +1219,14 @@ class App:
             chain.insert(0, previous)
             current = previous
         current = step
-        while len(chain) < CHAIN_LIMIT:
+        while len(chain) < CHAIN_LIMIT and not stopped:
             users, _experiments = self.dependents(tree, current.path)
             following = None
             for path in sorted(users):
+                why = tree.lookup_spent()
+                if why is not None:
+                    stopped.append(f"the steps that read {current.name} were not all looked at: {why}")
+                    break
                 candidate = tree.load_step(path)
                 if candidate is not None and candidate.path not in seen and self.has_file(candidate, shard):
                     following = candidate
@@ -1032,7 +1236,9 @@ class App:
             seen.add(following.path)
             chain.append(following)
             current = following
-        return chain, source
+        if tree.readers_cut is not None:
+            stopped.append(tree.readers_cut)
+        return chain, source, stopped
 
     def has_file(self, step: StepOutput, relname: str) -> bool:
         try:
@@ -1043,10 +1249,14 @@ class App:
             return os.path.isfile(target.local)
         return bool(self.store.fs.isfile(self.store.fs_path(target.path)))
 
-    def source_texts(self, source: StepOutput, base: list[tuple[str, dict[str, Any]]]) -> dict[str, str]:
-        """The source file of each document (its `metadata.path` or id inside `source`)."""
-        texts = {}
-        for doc_id, record in base:
+    def source_texts(
+        self, source: StepOutput, base: list[tuple[str, dict[str, Any]]], budget: filepages.ReadBudget
+    ) -> tuple[dict[str, str], tuple[set[str], str] | None]:
+        """The source file of each document (its `metadata.path` or id inside `source`), read
+        within the request's `budget`; and (the documents whose source was not looked up, why)
+        once it is spent, else None."""
+        texts: dict[str, str] = {}
+        for index, (doc_id, record) in enumerate(base):
             metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
             for candidate in (metadata.get("path"), doc_id):
                 if not isinstance(candidate, str) or not candidate:
@@ -1055,12 +1265,15 @@ class App:
                     target = self.guard.resolve(f"{source.relpath}/{check_relpath(candidate)}")
                     if target.local is not None and not os.path.isfile(target.local):
                         continue
-                    text, cut = filepages.read_head(self.store, target, RAW_SOURCE_BYTES)
+                    text, cut = filepages.read_head(self.store, target, RAW_SOURCE_BYTES, budget)
+                except filepages.ReadLimit:
+                    left = {other for other, _record in base[index:] if other not in texts}
+                    return texts, (left, _budget_spent())
                 except (Refused, OSError):
                     continue
                 texts[doc_id] = text + ("\u2026" if cut else "")
                 break
-        return texts
+        return texts, None
 
 
 class _Series:
@@ -1136,6 +1349,26 @@ class _Metrics:
                 self.others += 1
             kept = self.series[key] = _Series()
         kept.add(at, value)
+
+
+def _budget_spent() -> str:
+    return (
+        f"the request's read budget ({filepages.MAX_READ_BYTES >> 20} MiB, "
+        f"{filepages.MAX_READ_SECONDS:g} s) was spent"
+    )
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}\u2026 ({len(text):,} characters)"
+
+
+def _narrowed(run: leaderboard.Run) -> leaderboard.Run:
+    """`run` with at most MAX_CONFIG_FIELDS recorded config fields: the first by name."""
+    if len(run.version_config) <= MAX_CONFIG_FIELDS:
+        return run
+    kept = heapq.nsmallest(MAX_CONFIG_FIELDS, run.version_config.items(), key=lambda item: item[0])
+    return dataclasses.replace(run, version_config=dict(kept))
 
 
 def _dep_path(dep: Any) -> str:

@@ -3,10 +3,16 @@
 Found by a red-team pass: `/compare/` read one shard per step of a chain (up to
 `CHAIN_LIMIT`), each with a read budget of its own, so one request could use a dozen times
 the documented limit; `/train/` drew one chart per distinct `eval/*` name of a crafted
-metrics.jsonl (100,000 of them: a 63 MB page and 1.6 GB of server memory).
+metrics.jsonl (100,000 of them: a 63 MB page and 1.6 GB of server memory). A second pass
+found what the budget did not count: the compare page's chain lookup (the manifests, read and
+scanned once per step: 8 s of CPU for 40 MB of them) and source previews, a training page's
+results.json (100 of 1 MB: a 164 MB page), the leaderboard's comparison of recorded configs
+(8 s for ten runs of 100,000 fields) and predictions' labels (1 MB each, shown whole).
 
 The trees are made by the executor (module-level step functions, so the tree records them
-as importable) and read over real HTTP from a real server on 127.0.0.1. The limits are
+as importable), except those of the leaderboard and predictions (their steps are recognised
+by function name, so they are written by hand), and read over real HTTP from a real server
+on 127.0.0.1. The limits are
 lowered, and time is a clock advanced by hand, so nothing depends on how fast the machine
 is: the tests count bytes, pages and charts, never seconds.
 """
@@ -14,6 +20,7 @@ is: the tests count bytes, pages and charts, never seconds.
 from __future__ import annotations
 
 import glob
+import hashlib
 import http.client
 import json
 import os
@@ -26,7 +33,9 @@ from dataclasses import dataclass
 import pytest
 
 from executor import Executor, ExecutorStep, output_path_of, this_output_path, versioned
+from marin import leaderboard, outputs
 from marin.web import files, pages, start_server
+from operations.scaling_laws import digest_of
 from tests.marin.sample_tree import FAST_LEASES
 
 SHARD = "shard-00000.jsonl"
@@ -308,3 +317,362 @@ def test_a_short_series_is_kept_whole(tmp_path):
     assert status == 200 and "thinned" not in body and "left-out" not in body
     row = re.search(r"<tr><td>train/loss</td>(.*?)</tr>", body, re.S).group(1)
     assert re.findall(r"<td[^>]*>(.*?)</td>", row) == ["-44", "-44", "49", "50"]
+
+
+# -- the chain lookup and the source previews of a compare page --------------------------------
+SOURCE_BYTES = 3000
+"""Each source file of the sourced chain: under pages.RAW_SOURCE_BYTES, so it is shown whole."""
+
+
+@dataclass(frozen=True)
+class SourcesConfig:
+    output_path: str
+
+
+def write_sources(config: SourcesConfig) -> None:
+    """Raw files named like the chain's documents (`doc<n>`): the compare page's source column."""
+    os.makedirs(config.output_path, exist_ok=True)
+    for number in range(DOCUMENTS):
+        with open(os.path.join(config.output_path, f"doc{number}"), "w") as handle:
+            handle.write(f"source {number} " + "s" * SOURCE_BYTES)
+
+
+def make_chain(prefix: str, count: int, with_source: bool = False) -> list[str]:
+    """`count` shard steps (as in the `chain` fixture), after a raw step if `with_source`:
+    the relpaths of the shard steps."""
+    steps: list[ExecutorStep] = []
+    upstream = None
+    if with_source:
+        upstream = ExecutorStep(name="chain/raw", fn=write_sources, config=SourcesConfig(this_output_path()))
+        steps.append(upstream)
+    for index in range(count):
+        upstream = ExecutorStep(
+            name=f"chain/s{index}",
+            fn=write_shard,
+            config=ShardConfig(
+                index=versioned(index),
+                input_path=output_path_of(upstream) if upstream is not None else None,
+                output_path=this_output_path(),
+            ),
+        )
+        steps.append(upstream)
+    run_steps(prefix, steps)
+    return [relpath_of(prefix, f"chain/s{index}") for index in range(count)]
+
+
+@pytest.fixture
+def count_records_read(monkeypatch) -> list[int]:
+    """Bytes of bookkeeping (steps' records, experiment manifests) the tree reads: [total]."""
+    counted = [0]
+    lock = threading.Lock()
+    read_record = outputs.OutputTree.read_record
+
+    def counting(self, path: str, limit: int = outputs.MAX_RECORD_BYTES) -> bytes | None:
+        data = read_record(self, path, limit)
+        with lock:
+            counted[0] += len(data or b"")
+        return data
+
+    monkeypatch.setattr(outputs.OutputTree, "read_record", counting)
+    return counted
+
+
+def lookup_note(body: str) -> str | None:
+    note = re.search(r'<div class="note lookup-limit">(.*?)</div>', body, re.S)
+    return note.group(1) if note else None
+
+
+def crafted_manifest(prefix: str, name: str, entries: list[dict], pad: int = 0) -> None:
+    """An experiment manifest of `entries` (recorded under this tree's prefix), padded to `pad` bytes."""
+    record = {"prefix": prefix, "created_date": "2026-01-01T00:00:00.000Z", "steps": entries}
+    record["description"] = "d" * max(0, pad - len(json.dumps(record)))
+    with open(os.path.join(prefix, "experiments", name), "w") as handle:
+        json.dump(record, handle)
+
+
+def test_the_chain_lookup_reads_at_most_its_share_of_bookkeeping(tmp_path, monkeypatch, count_records_read):
+    """Five crafted manifests of 1 MiB (read before the real one: their names sort first),
+    with the lookup's limit lowered to 2 MiB: the page reads two of them and says that the
+    other four were not read and that the chain may go on; once it read every manifest (about
+    5 MiB here, and 40 MB of them took 8 s of CPU: see docs/browser.md)."""
+    prefix = str(tmp_path / "prefix")
+    relpaths = make_chain(prefix, 2)
+    for number in range(5):
+        crafted_manifest(prefix, f"000-crafted-{number}.json", [], pad=1 << 20)
+    monkeypatch.setattr(pages, "MAX_LOOKUP_BYTES", 2 << 20, raising=False)
+
+    status, body = compare_page(prefix, relpaths[0])
+
+    assert status == 200, body
+    assert count_records_read[0] <= (2 << 20) + (1 << 20) + (64 << 10), count_records_read[0]
+    note = lookup_note(body)
+    assert note is not None, "the page does not say that the chain lookup stopped"
+    assert "4 experiment manifests not read" in note and "at most 2 MiB" in note
+    assert body.count('class="docid mono"') == DOCUMENTS  # the first step's documents are still shown
+
+
+def test_the_chain_lookup_stops_after_half_the_requests_time(tmp_path, monkeypatch):
+    """A manifest naming 3,000 readers of the first step that do not exist, whose paths sort
+    before the real reader: looking at them one by one stops after half the request's time
+    (a clock that advances 1 ms each time it is read), and the page says where the chain
+    may go on; the shards still get the other half."""
+    prefix = str(tmp_path / "prefix")
+    relpaths = make_chain(prefix, 2)
+    first = os.path.join(prefix, relpaths[0])
+    entries = [
+        {"name": f"crafted/u{n}", "output_path": f"{prefix}/aaa/u{n:05d}", "dependencies": [first]}
+        for n in range(3000)
+    ]
+    crafted_manifest(prefix, "000-crafted.json", entries)
+    ticks = [0]
+    lock = threading.Lock()
+
+    def monotonic() -> float:
+        with lock:
+            ticks[0] += 1
+            return ticks[0] / 1000
+
+    monkeypatch.setattr(files, "time", types.SimpleNamespace(monotonic=monotonic))
+
+    status, body = compare_page(prefix, relpaths[0])
+
+    assert status == 200, body
+    note = lookup_note(body)
+    assert note is not None, "the page does not say that the chain lookup stopped"
+    assert f"{files.MAX_READ_SECONDS / 2:g} s" in note and "chain/s0" in note
+    assert body.count('class="docid mono"') == DOCUMENTS
+
+
+@pytest.fixture(scope="module")
+def sourced_chain(tmp_path_factory) -> tuple[str, list[str]]:
+    prefix = str(tmp_path_factory.mktemp("sourced") / "prefix")
+    return prefix, make_chain(prefix, 3, with_source=True)
+
+
+@pytest.fixture
+def count_heads_read(monkeypatch) -> list[int]:
+    """Files whose head (`files.read_head`) was read: [count]."""
+    counted = [0]
+    read_head = files.read_head
+
+    def counting(*args, **kwargs):
+        result = read_head(*args, **kwargs)
+        counted[0] += 1
+        return result
+
+    monkeypatch.setattr(files, "read_head", counting)
+    return counted
+
+
+def test_the_source_column_of_a_sourced_chain(sourced_chain, count_heads_read):
+    prefix, relpaths = sourced_chain
+    status, body = compare_page(prefix, relpaths[0])
+    assert status == 200, body
+    assert "chain/raw (source file)" in body and "source 7 sss" in body
+    assert count_heads_read[0] == DOCUMENTS and "read-limit" not in body
+
+
+def test_source_previews_are_read_within_the_requests_budget(sourced_chain, monkeypatch, count_heads_read):
+    """The shards spend the (lowered) budget: no source file is read after that, and the page
+    says so, instead of reading the page's sources whatever the budget."""
+    prefix, relpaths = sourced_chain
+    monkeypatch.setattr(files, "MAX_READ_BYTES", 3 << 19)  # 1.5 MiB: the first shard, part of the second
+
+    status, body = compare_page(prefix, relpaths[0])
+
+    assert status == 200, body
+    assert count_heads_read[0] == 0
+    note = re.search(r'<div class="note read-limit">(.*?)</div>', body, re.S)
+    assert note is not None
+    text = re.sub(r"<[^>]+>", "", note.group(1))
+    assert f"source files of chain/raw: not read for {DOCUMENTS} documents" in text
+    assert "source 7 sss" not in body
+    assert body.count('class="docid mono"') == DOCUMENTS
+
+
+# -- results.json of a training page -----------------------------------------------------------
+READERS = 5
+RESULT_KEYS = 2000
+
+
+@dataclass(frozen=True)
+class ResultsConfig:
+    index: int
+    input_path: str
+    output_path: str
+
+
+def write_results(config: ResultsConfig) -> None:
+    """An evaluation of the training step: results.json of RESULT_KEYS metrics (~60 KB)."""
+    os.makedirs(config.output_path, exist_ok=True)
+    with open(os.path.join(config.output_path, "results.json"), "w") as handle:
+        json.dump({f"task{key:05d}/acc": key / RESULT_KEYS for key in range(RESULT_KEYS)}, handle)
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory) -> tuple[str, str]:
+    """A training step and READERS evaluations that read it, each with a results.json."""
+    prefix = str(tmp_path_factory.mktemp("evaluated") / "prefix")
+    lines = [json.dumps({"step": step, "train/loss": 3.0 - step / 10}) for step in range(10)]
+    train = ExecutorStep(
+        name="crafted/train",
+        fn=write_metrics,
+        config=MetricsConfig(lines=lines, output_path=this_output_path()),
+    )
+    readers = [
+        ExecutorStep(
+            name=f"crafted/eval{index}",
+            fn=write_results,
+            config=ResultsConfig(
+                index=versioned(index), input_path=output_path_of(train), output_path=this_output_path()
+            ),
+        )
+        for index in range(READERS)
+    ]
+    run_steps(prefix, [train, *readers])
+    return prefix, relpath_of(prefix, "crafted/train")
+
+
+def results_tables(body: str) -> list[str]:
+    return re.findall(r'<table class="results">(.*?)</table>', body, re.S)
+
+
+def test_a_training_page_reads_at_most_max_results_files_and_rows(evaluated, monkeypatch, count_heads_read):
+    prefix, relpath = evaluated
+    monkeypatch.setattr(pages, "MAX_RESULTS_FILES", 3, raising=False)
+
+    status, body = training_page(prefix, relpath)
+
+    assert status == 200, body[-2000:]
+    assert count_heads_read[0] == 3
+    tables = results_tables(body)
+    assert len(tables) == 3
+    max_rows = getattr(pages, "MAX_RESULT_ROWS", RESULT_KEYS)
+    assert max_rows < RESULT_KEYS
+    assert all(table.count("<tr>") == max_rows + 1 for table in tables)  # + the header
+    assert f"{RESULT_KEYS - max_rows} more values are not shown" in body
+    assert "2 more steps that read it were not looked at (a page reads at most 3 results.json)" in body
+    assert "crafted/eval3" in body and "crafted/eval4" in body  # named, with links
+    assert len(body) < 512 << 10, len(body)
+
+
+def test_results_json_reads_count_against_the_requests_budget(evaluated, monkeypatch, count_heads_read):
+    """With a budget of 150 KB, two results.json of ~60 KB are read and the third crosses it:
+    the other two are not read, and the page says so."""
+    prefix, relpath = evaluated
+    monkeypatch.setattr(files, "MAX_READ_BYTES", 150_000)
+
+    status, body = training_page(prefix, relpath)
+
+    assert status == 200, body[-2000:]
+    assert count_heads_read[0] == 3
+    assert len(results_tables(body)) == 3
+    assert "2 more steps not looked at for results.json: the request's read budget" in body
+
+
+# -- leaderboard and predictions -----------------------------------------------------------------
+def write_step_record(prefix: str, name: str, info: dict) -> str:
+    """A step output as the executor writes its bookkeeping (these steps' functions are
+    recognised by name, so the tree is written by hand, as in test_leaderboard.py)."""
+    path = os.path.join(prefix, f"{name}-{hashlib.sha256(name.encode()).hexdigest()[:8]}")
+    os.makedirs(path)
+    with open(os.path.join(path, ".executor_info"), "w") as handle:
+        json.dump({"name": name, "output_path": path, **info}, handle)
+    with open(os.path.join(path, ".executor_status"), "w") as handle:
+        for status in ("RUNNING", "SUCCESS"):
+            handle.write(json.dumps({"date": "2026-11-23T10:00:00.000Z", "status": status}) + "\n")
+    return path
+
+
+WIDE_FIELDS = 20_000
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory) -> str:
+    """Three training runs whose recorded configs have WIDE_FIELDS fields each, all of them
+    different; the first also logged 100,000 eval/ metrics at its last step."""
+    prefix = str(tmp_path_factory.mktemp("board") / "prefix")
+    for run in range(3):
+        config = {f"field{key:05d}": run for key in range(WIDE_FIELDS)}
+        path = write_step_record(
+            prefix,
+            f"checkpoints/wide{run}",
+            {"fn_name": "operations.train:train", "config": {}, "version": {"config": config}},
+        )
+        with open(os.path.join(path, "stats.json"), "w") as handle:
+            json.dump({"final_eval_loss": 3.0 + run / 10, "parameter_count": 1000}, handle)
+        with open(os.path.join(path, "metrics.jsonl"), "w") as handle:
+            for line in range(100 if run == 0 else 0):
+                handle.write(
+                    json.dumps({"step": 9, **{f"eval/k{line}_{key}": 1.0 for key in range(1000)}}) + "\n"
+                )
+            last = {"step": 9, "throughput/total_tokens": 4096, **({"eval/bpb": 1.5} if run == 0 else {})}
+            handle.write(json.dumps(last) + "\n")
+    return prefix
+
+
+def board_page(prefix: str, target: str = "/leaderboard") -> tuple[int, str]:
+    server = start_server(prefix, port=0).start_in_thread()
+    try:
+        return get(server.port, target)
+    finally:
+        server.shutdown()
+
+
+def test_the_leaderboard_compares_at_most_max_config_fields_per_run(board, monkeypatch):
+    """20,000 differing fields per run: ranking compared every one of them (json.dumps of each
+    field of each run: 8 s of CPU for ten runs of 100,000); now the first MAX_CONFIG_FIELDS,
+    and the page says so."""
+    compared: list[int] = []
+    rank = leaderboard.rank
+
+    def recording(runs, by="loss"):
+        compared.extend(len(run.version_config) for run in runs)
+        return rank(runs, by)
+
+    monkeypatch.setattr(leaderboard, "rank", recording)
+
+    status, body = board_page(board)
+
+    assert status == 200, body
+    assert len(compared) == 3
+    limit = getattr(pages, "MAX_CONFIG_FIELDS", WIDE_FIELDS)
+    assert max(compared) == limit < WIDE_FIELDS
+    assert (
+        f"3 runs record more than {limit:,} config fields: what differs is compared over the first {limit:,}"
+        in body
+    )
+    assert body.count(">checkpoints/wide") == 3 and "field00000=" in body
+    assert len(body) < 64 << 10, len(body)
+
+
+def test_a_run_that_logged_100000_eval_metrics_is_no_burden_to_the_leaderboard(board):
+    """Not a defect (measured): only the last 256 KiB of metrics.jsonl are read, and three
+    keys of it used. The page stays small and the run's eval/bpb is still its last value."""
+    path = glob.glob(os.path.join(board, "checkpoints", "wide0-*", "metrics.jsonl"))[0]
+    assert os.path.getsize(path) > 2_000_000
+    status, body = board_page(board, "/leaderboard?by=bpb")
+    assert status == 200 and len(body) < 64 << 10
+    assert body.count(">1.5<") == 1  # wide0's eval/bpb; the others logged none
+
+
+def test_a_prediction_with_a_label_of_a_million_characters_makes_a_small_page(tmp_path):
+    """prediction.json may hold 1 MiB: its label was shown whole (20 such predictions made a
+    19 MB page). The label is cut at MAX_LABEL_CHARS, saying how long it was."""
+    prefix = str(tmp_path / "prefix")
+    for number in range(3):
+        path = write_step_record(
+            prefix, f"predictions/p{number}", {"fn_name": "operations.scaling_laws:write_prediction"}
+        )
+        record = {"target": {"label": "L" * 1_000_000}, "predicted_loss": 3.0, "interval": [2.9, 3.1]}
+        record["digest"] = digest_of(record)
+        with open(os.path.join(path, "prediction.json"), "w") as handle:
+            json.dump(record, handle)
+
+    status, body = board_page(prefix, "/predictions")
+    assert status == 200, body[-2000:]
+    assert len(body) < 64 << 10, len(body)
+    assert body.count("(1,000,000 characters)") == 3
+
+    status, body = board_page(prefix, f"/step/{relpath_of(prefix, 'predictions/p0')}")
+    assert status == 200 and len(body) < 64 << 10 and "(1,000,000 characters)" in body
