@@ -1,4 +1,4 @@
-"""Hand-applied mutants of the ninth to twenty-second sessions' fixes: each one removes or weakens
+"""Hand-applied mutants of the ninth to twenty-third sessions' fixes: each one removes or weakens
 a fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
     .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
@@ -697,6 +697,42 @@ MUTANTS = [
         '        and "cpu" not in resources\n        and "gpu" not in resources\n',
         "",
         "tests/executor/test_resources.py -k plain_dict",
+    ),  # -- twenty-third session --------------------------------------------------------------
+    (
+        "executor/lease.py",
+        "                self.store.delete_between_swaps(path)",
+        "                self.store.delete(path)",
+        "tests/executor/test_lease_races.py -k young_release",
+    ),
+    (
+        "executor/store.py",
+        "        with self._locked(path):\n            self.delete(path)\n",
+        "        self.delete(path)\n",
+        "tests/executor/test_lease_races.py -k young_release",
+    ),
+    (
+        "executor/main.py",
+        "        _exit_if_the_plan_has_errors(plan)",
+        "        pass",
+        "tests/executor/test_mutation_guards.py -k dry_run",
+    ),
+    (
+        "executor/main.py",
+        "    failing = [row.name for row in (plan.rows if plan is not None else ()) if row.action == Action.ERROR]",
+        "    failing = [row.name for row in (plan.rows if plan is not None else ()) if row.action == Action.BLOCKED]",
+        "tests/executor/test_mutation_guards.py -k dry_run",
+    ),
+    (
+        "executor/provenance.py",
+        "        f'{entry},\"outcome\":{encode(outcome_of.get(step.output_path))}}}'",
+        "        f'{entry},\"outcome\":null}}'",
+        "tests/executor/test_runner.py -k manifest",
+    ),
+    (
+        "marin/predictions.py",
+        "            steps = found[0] if fn == TARGET_FN else found[1]",
+        "            steps = found[0]",
+        "tests/marin/test_predictions.py",
     ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
