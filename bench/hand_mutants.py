@@ -1,7 +1,7 @@
 """Hand-applied mutants of the ninth to twenty-third sessions' fixes: each one removes or weakens
 a fix's key line, and the tests named next to it must then fail (docs/testing.md).
 
-    .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/]
+    .venv/bin/python bench/hand_mutants.py [--commit HEAD] [--workdir DIR] [--only executor/] [--last N]
 
 Runs in a scratch copy (`git archive`), never in the working tree; prints one line per
 mutant (killed / SURVIVED / NOT FOUND when the code has changed since / ERROR when its test
@@ -743,8 +743,10 @@ def main() -> int:
     parser.add_argument("--commit", default="HEAD")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a new temporary one)")
     parser.add_argument("--only", default=None, help="run only the mutants of files whose path contains this")
+    parser.add_argument("--last", type=int, default=None, help="run only the last N mutants (the newest)")
     args = parser.parse_args()
-    mutants = [mutant for mutant in MUTANTS if args.only is None or args.only in mutant[0]]
+    newest = MUTANTS[-args.last :] if args.last else MUTANTS
+    mutants = [mutant for mutant in newest if args.only is None or args.only in mutant[0]]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     workdir = args.workdir or tempfile.mkdtemp(prefix="hand-mutants-")
     os.makedirs(workdir, exist_ok=True)
