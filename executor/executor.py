@@ -163,7 +163,8 @@ class Executor:
             if self.lease_config.heartbeat_process and self.store.protocol in KEEPER_PROTOCOLS
             else None,
         )
-        # SIGTERM (timeout, docker stop, Slurm, Kubernetes) ends the run as Ctrl-C does.
+        # SIGTERM (timeout, docker stop, Slurm, Kubernetes) and SIGHUP (the terminal closed)
+        # end the run as Ctrl-C does.
         with sigterm_interrupts():
             try:
                 plan = self.plan = make_plan(graph, steps, self.store, leases, run_only, force_run_failed)
@@ -348,40 +349,53 @@ KEEPER_PROTOCOLS = ("file", "s3", "s3a", "gs", "gcs")
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived while `Executor.run` ran.
+    """SIGTERM (or SIGHUP) arrived while `Executor.run` ran.
 
     A KeyboardInterrupt, so that it takes Ctrl-C's path: the runner marks its running steps
     FAILED "interrupted", stops heavy steps' processes and releases their leases, and
     `executor_main` ends with `error: interrupted` (exit 130). Left to the default action,
-    SIGTERM killed the driver at once, leaving steps RUNNING and leases that the next run
-    had to wait out.
+    the signal killed the driver at once, leaving steps RUNNING and leases that the next run
+    had to wait out (a minute, with the default timeout).
     """
 
 
+ENDING_SIGNALS = ("SIGTERM", "SIGHUP")
+"""Signals that end a run cleanly, as Ctrl-C does: SIGTERM (a timeout, `docker stop`, Slurm,
+Kubernetes, `kill`) and SIGHUP (the terminal or the SSH connection the run was started from
+closed: the commonest way a researcher's run ends without Ctrl-C)."""
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
-    # A second SIGTERM (Slurm signals every process; a user may send it twice) must not cut
-    # the first one's cleanup short: ignored until the run restores the previous handler.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated(f"signal {signum} (SIGTERM)")
+    # A second signal (Slurm signals every process; a user may send it twice; a closing
+    # terminal sends SIGHUP, then SIGTERM) must not cut the first one's cleanup short:
+    # ignored until the run restores the previous handlers.
+    for name in ENDING_SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) is _raise_terminated:
+            signal.signal(number, signal.SIG_IGN)
+    names = {getattr(signal, name, None): name for name in ENDING_SIGNALS}
+    raise Terminated(f"signal {signum} ({names.get(signum, 'SIGTERM')})")
 
 
 @contextlib.contextmanager
 def sigterm_interrupts():
-    """SIGTERM raises `Terminated` in the main thread for the duration of the block.
+    """SIGTERM and SIGHUP raise `Terminated` in the main thread for the duration of the block.
 
     Only where Python may install handlers (the main thread) and only over the default
-    action: a handler the program installed itself is its own business and is left alone.
-    The previous handler is back when the block ends.
+    action: a handler the program installed itself (or SIGHUP ignored, as under `nohup`) is
+    its own business and is left alone. The previous handlers are back when the block ends.
     """
-    installed = False
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    installed: dict[int, Any] = {}
+    for name in ENDING_SIGNALS:
+        number = getattr(signal, name, None)  # (no SIGHUP on Windows)
+        if number is None or signal.getsignal(number) != signal.SIG_DFL:
+            continue
         try:
-            previous = signal.signal(signal.SIGTERM, _raise_terminated)
-            installed = True
+            installed[number] = signal.signal(number, _raise_terminated)
         except ValueError:  # not the main thread: only it may install handlers
-            pass
+            break
     try:
         yield
     finally:
-        if installed:
-            signal.signal(signal.SIGTERM, previous)
+        for number, previous in installed.items():
+            signal.signal(number, previous)

@@ -456,7 +456,14 @@ def main(spec_json: str) -> int:
     spec = json.loads(spec_json)
     from executor.store import open_store
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the driver, which then closes the pipe
+    # Ctrl-C, a closing terminal (SIGHUP) and a job scheduler's SIGTERM reach the whole process
+    # group: they are for the driver, which releases its leases through this process and then
+    # closes the pipe. A keeper that died of them first left the driver unable to release the
+    # leases it had refreshed, for the next run to wait out. The pipe's end is how it ends
+    # (the kernel closes it however the driver dies); SIGKILL still works.
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     try:
         store = open_store(spec["prefix"])
     except Exception as error:  # the driver falls back to heartbeats from a thread

@@ -202,6 +202,73 @@ def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path):
         assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
 
 
+def test_sighup_from_a_closed_terminal_ends_the_run_as_ctrl_c_does(tmp_path):
+    """The terminal or SSH session a run was started from closes: SIGHUP killed the driver
+    at once, leaving its steps RUNNING and leases the next run waited a minute for."""
+    process = start_script(tmp_path, step_sleep=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = signal_when_running(process, tmp_path, signal.SIGHUP)
+    assert process.returncode == 130, (out, err)
+    assert err.decode().strip().splitlines()[-1] == "error: interrupted"
+    for path in step_dirs(tmp_path):
+        assert last_status(path)["status"] == "FAILED"
+        assert last_status(path)["message"] == "interrupted"
+        assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
+
+
+@pytest.mark.parametrize("heavy", [False, True], ids=["light", "heavy"])
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_to_the_whole_process_group_releases_every_lease(tmp_path, signum, heavy):
+    """A closing terminal signals the whole process group (Slurm's scancel every process),
+    the lease keeper too. A keeper that died of it could not release the leases it had
+    refreshed (older than a heartbeat): the driver called them lost and left them for the
+    next run to wait out. The keeper ends when the driver closes its pipe, not by signals."""
+    process = start_script(
+        tmp_path,
+        step_sleep=120,
+        heavy=heavy,  # step s/a in a process of its own, with its own heartbeat process
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a terminal's job is
+        extra_env={"MARIN_LEASE_HEARTBEAT": "0.2", "MARIN_LEASE_TIMEOUT": "30"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len([p for p in step_dirs(tmp_path) if (last_status(p) or {}).get("status") == "RUNNING"]) < 2:
+            assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)  # several heartbeats: the leases are the keeper's rewrites now
+        os.killpg(process.pid, signum)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, (out, err)
+    assert "lease" not in err.decode(), err  # no "treating the lease as lost", no keeper errors
+    for path in step_dirs(tmp_path):
+        assert last_status(path)["message"] == "interrupted"
+        assert not os.path.exists(os.path.join(path, ".executor_status.lock")), path
+
+
+def test_a_run_under_nohup_ignores_sighup_and_finishes(tmp_path):
+    """`nohup python experiment.py &`: SIGHUP is ignored when the run starts, and stays so."""
+
+    def ignore_sighup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    process = start_script(
+        tmp_path, step_sleep=1.0, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore_sighup
+    )
+    deadline = time.monotonic() + 60
+    while not any((last_status(p) or {}).get("status") == "RUNNING" for p in step_dirs(tmp_path)):
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGHUP)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, (out, err)
+    assert_all_succeeded(tmp_path)
+
+
 def test_a_sigterm_handler_of_the_program_is_left_alone(tmp_path):
     seen = []
 
