@@ -734,6 +734,24 @@ MUTANTS = [
         "            steps = found[0]",
         "tests/marin/test_predictions.py",
     ),
+    (
+        "executor/executor.py",
+        'ENDING_SIGNALS = ("SIGTERM", "SIGHUP")',
+        'ENDING_SIGNALS = ("SIGTERM",)',
+        "tests/executor/test_console_and_signals.py -k sighup",
+    ),
+    (
+        "executor/executor.py",
+        "        if number is None or signal.getsignal(number) != signal.SIG_DFL:",
+        "        if number is None:",
+        "tests/executor/test_console_and_signals.py -k nohup",
+    ),
+    (
+        "executor/lease_keeper.py",
+        '    for name in ("SIGINT", "SIGTERM", "SIGHUP"):',
+        '    for name in ("SIGINT",):',
+        "tests/executor/test_console_and_signals.py -k whole_process_group",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 
