@@ -23,7 +23,6 @@ Levanter. The configs hold plain values; the format's own object is not kept.
 from __future__ import annotations
 
 import functools
-import io
 import json
 import logging
 import time
@@ -32,7 +31,15 @@ from typing import Any
 
 import fsspec
 
-from operations.shards import document_writer, is_local, list_shards, map_shards, read_documents, write_stats
+from operations.shards import (
+    document_writer,
+    is_local,
+    list_shards,
+    map_shards,
+    open_compressed,
+    read_documents,
+    write_stats,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -226,10 +233,9 @@ def _records(path: str) -> Any:
             table = pq.read_table(handle)
         yield from enumerate(table.to_pylist())
         return
-    compression = "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
-    with fsspec.open(path, "rb", compression=compression) as handle:
-        lines = io.BufferedReader(handle) if compression == "zstd" else handle
-        for number, line in enumerate(lines, 1):
+    # (A truncated .zst file is an error here, not a short file: `open_compressed`.)
+    with open_compressed(path) as handle:
+        for number, line in enumerate(handle, 1):
             if line.strip():
                 yield number, json.loads(line)
 

@@ -69,13 +69,16 @@ import numpy as np
 import xxhash
 
 from operations.shards import (
+    DataError,
     atomic_output,
     document_writer,
     join,
-    list_shards,
+    list_input_shards,
     map_shards,
     read_documents,
     read_json,
+    read_numbered_documents,
+    refuse_output_among_inputs,
     shard_name,
     write_json_atomic,
     write_stats,
@@ -149,7 +152,8 @@ class DedupConfig:
         if self.ngram_unit not in ("word", "char"):
             raise bad("ngram_unit", f"got {self.ngram_unit!r}; use 'word' or 'char'")
         for field in ("ngram_size", "num_bands", "rows_per_band", "batch_documents"):
-            if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(field, f"must be a positive integer, got {getattr(self, field)!r}")
         if not 0.0 <= self.threshold <= 1.0:
             raise bad("threshold", f"must be between 0 and 1, got {self.threshold!r}")
@@ -322,12 +326,14 @@ def _band_keys(signatures: np.ndarray, num_bands: int, hashers: _Hashers) -> np.
 
 def _batches(shard: str, size: int) -> Iterator[list[str]]:
     batch: list[str] = []
-    for position, document in enumerate(read_documents(shard)):
-        text = document.get("text") if isinstance(document, dict) else None
+    for line, document in read_numbered_documents(shard):
+        text = document.get("text")
         if not isinstance(text, str):
-            raise ValueError(
-                f"{shard}, document {position + 1}: field 'text' is missing or not a string "
-                f"(got {type(text).__name__}); every document needs a text string to deduplicate"
+            raise DataError(
+                f"{shard}, line {line} (id {document.get('id')!r}): field 'text' is missing or not a string "
+                f"(got {'null' if text is None else type(text).__name__}); every document needs a text string "
+                "to deduplicate -- fix the shard, or make the shards with operations.documents, which skips "
+                "and counts such records"
             )
         batch.append(text)
         if len(batch) >= size:
@@ -650,7 +656,8 @@ def _parameters(config: DedupConfig) -> dict[str, Any]:
 def deduplicate(config: DedupConfig) -> None:
     """Remove exact and/or near-duplicate documents; keep the first of each cluster."""
     config.validate()
-    inputs = list_shards(config.input_path)
+    inputs = list_input_shards(config.input_path, "dedup")
+    refuse_output_among_inputs(inputs, config.output_path, "dedup")
     work = join(config.output_path, WORK_DIR)
     parameters = _parameters(config)
     previous = read_json(join(work, "parameters.json"))
@@ -686,6 +693,11 @@ def deduplicate(config: DedupConfig) -> None:
     )
     sig_files = [join(sig_dir, shard_name(i, ".npz")) for i in range(len(inputs))]
     counts = [stats["documents"] for stats in per_shard]
+    if not sum(counts):
+        raise DataError(
+            f"dedup: no documents in the {len(inputs)} input shard(s) under {config.input_path}: the step "
+            "before wrote empty shards -- check its stats.json"
+        )
 
     clusters_path = join(work, "clusters.json")
     summary = read_json(clusters_path)

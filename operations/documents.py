@@ -29,7 +29,10 @@ How it works:
    `no_main_content` (HTML whose extraction leaves nothing), `unreadable` (a corrupt
    Parquet / gzip / zstd file; documents read before the damage are kept). The error
    fraction is errors / (documents + errors); above `max_error_fraction` the step writes
-   `stats.json` (with an `error` entry) and then raises. The shards stay, since they are
+   `stats.json` (with an `error` entry) and then raises. An unreadable file counts once
+   however many records it held, so it is also judged per file: unreadable files / files
+   read above `max_error_fraction` fails the step the same way (`unreadable_reasons` in
+   stats.json says what each raised). The shards stay, since they are
    correct; a re-run of the same config resumes them and reaches the same verdict, so a
    failed step never turns into a silent success.
 """
@@ -57,6 +60,7 @@ from operations.shards import (
     is_local,
     join,
     map_shards,
+    open_compressed,
     read_json,
     sum_counters,
     write_json_atomic,
@@ -289,6 +293,8 @@ def _list_files(config: DocumentsConfig) -> _Listing:
                 unsupported_examples.append(relative)
             continue
         size = found[name]
+        if size is None and os.path.islink(name) and not os.path.exists(name):
+            raise ValueError(_broken_link_message(relative, name))
         files.append((relative, reader, os.path.getsize(name) if size is None else int(size)))
     if not files:
         raise ValueError(
@@ -299,6 +305,13 @@ def _list_files(config: DocumentsConfig) -> _Listing:
         )
     root_url = root if is_local(config.input_path) else fs.unstrip_protocol(root)
     return _Listing(root, root_url, files, ignored, excluded, unsupported, unsupported_examples)
+
+
+def _broken_link_message(relative: str, path: str) -> str:
+    return (
+        f"DocumentsConfig.input_path: {relative} is a broken symbolic link (to {os.readlink(path)}); restore "
+        f"its target, remove the link, or leave it out with exclude=({relative!r},)"
+    )
 
 
 def _matcher(patterns: tuple[str, ...]) -> Callable[[str], Any] | None:
@@ -428,10 +441,16 @@ def convert_shard(descriptor: str, output_shard: str) -> dict[str, Any]:
                 for document in _READ[reader](context, relative):
                     write(document)
             except FileNotFoundError:
+                path = join(context.root, relative)
+                if is_local(path) and os.path.islink(path):
+                    raise ValueError(_broken_link_message(relative, path)) from None
                 raise  # the input changed under us: not a property of the file to count
             except _unreadable_errors() as error:
                 logger.warning("%s: unreadable (%s: %s)", relative, type(error).__name__, error)
                 report.error("unreadable", relative)
+                reasons = report.stats.setdefault("unreadable_reasons", [])
+                if len(reasons) < MAX_EXAMPLES:
+                    reasons.append([relative, f"{type(error).__name__}: {' '.join(str(error).split())}"])
     return report.stats
 
 
@@ -445,7 +464,7 @@ def _unreadable_errors() -> tuple[type[BaseException], ...]:
 
 
 def _read_bytes(context: _Context, relative: str) -> bytes:
-    with fsspec.open(join(context.root, relative), "rb", compression="infer") as handle:
+    with open_compressed(join(context.root, relative)) as handle:
         return handle.read()
 
 
@@ -511,7 +530,8 @@ def _record_document(
 
 def _read_jsonl(context: _Context, relative: str) -> Iterator[dict[str, Any]]:
     blank = True
-    with fsspec.open(join(context.root, relative), "rb", compression="infer") as handle:
+    # (zstandard's own reader cannot be iterated by line, and reads a truncated file as a short one.)
+    with open_compressed(join(context.root, relative)) as handle:
         for number, raw in enumerate(handle, 1):
             if not raw.strip():
                 continue  # blank lines separate nothing and hold nothing
@@ -628,8 +648,12 @@ def _summarize(per_shard: list[dict[str, Any]], listing: _Listing, config: Docum
     }
     error_count = sum(stats["errors"].values())
     inputs = stats["documents"] + error_count
+    unreadable = stats["errors"].get("unreadable", 0)
+    if "unreadable_reasons" in stats:
+        stats["unreadable_reasons"] = stats["unreadable_reasons"][:MAX_EXAMPLES]
     stats.update(
         shards=len(per_shard),
+        unreadable_file_fraction=unreadable / stats["files"] if stats["files"] else 0.0,
         error_count=error_count,
         inputs=inputs,
         error_fraction=error_count / inputs if inputs else 0.0,
@@ -648,8 +672,19 @@ def _summarize(per_shard: list[dict[str, Any]], listing: _Listing, config: Docum
 def _error_fraction_message(stats: dict[str, Any], config: DocumentsConfig) -> str | None:
     if stats["inputs"] == 0:
         return (
-            f"no input gave a document or an error under {config.input_path} "
+            f"documents: no input gave a document or an error under {config.input_path} "
             f"({stats['files']} files read); check the input"
+        )
+    if stats["unreadable_file_fraction"] > config.max_error_fraction:
+        # A damaged file counts once among the records, however many it held: judged per file.
+        return (
+            f"documents: {stats['errors']['unreadable']} of {stats['files']} files under {config.input_path} are "
+            f"unreadable (unreadable_file_fraction {stats['unreadable_file_fraction']:.3f} > "
+            f"DocumentsConfig.max_error_fraction={config.max_error_fraction}): "
+            f"{'; '.join(f'{name} ({reason})' for name, reason in stats['unreadable_reasons'])}. They are "
+            "truncated, damaged or not what their name says; only the records before the damage were kept. "
+            f"Details in {join(config.output_path, 'stats.json')}. Download or write them again, leave them out "
+            "with exclude, or raise max_error_fraction in a new step version."
         )
     if stats["error_fraction"] <= config.max_error_fraction:
         return None
@@ -657,7 +692,7 @@ def _error_fraction_message(stats: dict[str, Any], config: DocumentsConfig) -> s
         f"{kind}: {', '.join(paths)}" for kind, paths in sorted(stats["error_examples"].items())
     )
     return (
-        f"{stats['error_count']} of {stats['inputs']} inputs under {config.input_path} were skipped "
+        f"documents: {stats['error_count']} of {stats['inputs']} inputs under {config.input_path} were skipped "
         f"(error fraction {stats['error_fraction']:.3f} > DocumentsConfig.max_error_fraction="
         f"{config.max_error_fraction}): {dict(sorted(stats['errors'].items()))}. Examples -- {examples}. "
         f"Details in {join(config.output_path, 'stats.json')}. Fix the input, or raise max_error_fraction "

@@ -35,6 +35,13 @@ document counts, per-rule `checked`/`dropped`/`passed` counts and reasons, and
 `dropped_samples`: up to `sample_dropped` dropped documents PER RULE (id, rule, reason,
 an excerpt). The sample is the documents with the smallest hash of their id, so it is
 deterministic, independent of shard layout and worker count, and spread over the corpus.
+
+Refused (before anything is written): a rule value out of range (each rule's `validate`),
+an output_path that holds the input shards, and a re-run into an output made with other
+rules or whose finished shards came from other input shards (`.filter_parameters.json`).
+Refused after the shards: input with no document, and rules that drop every document (then
+stats.json is written first, with an `error` entry): an empty output would only fail the
+steps after it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import dataclasses
 import functools
 import hashlib
 import heapq
+import json
 import re
 import string
 from collections.abc import Callable
@@ -50,11 +58,18 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from operations.shards import (
+    DataError,
     document_writer,
-    list_shards,
+    finished_shards,
+    join,
+    list_input_shards,
     map_shards,
-    read_documents,
+    read_json,
+    read_numbered_documents,
+    refuse_output_among_inputs,
+    shard_name,
     sum_counters,
+    write_json_atomic,
     write_stats,
 )
 
@@ -87,8 +102,56 @@ class RuleConfig:
         """The runtime check for this rule (built once per shard, in the worker)."""
         return self.check
 
+    def validate(self) -> None:
+        """Raise ValueError naming a field whose value is out of range (called by `filter_documents`,
+        not at construction: configs may hold `versioned(...)` wrappers until the step runs)."""
+
     def check(self, document: dict[str, Any]) -> str | None:
         raise NotImplementedError
+
+
+def _bad(rule: RuleConfig, field: str, problem: str) -> ValueError:
+    return ValueError(f"{type(rule).__name__}.{field}={getattr(rule, field)!r}: {problem}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _need_int(rule: RuleConfig, field: str, low: int, *, optional: bool = False) -> None:
+    value = getattr(rule, field)
+    if optional and value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        disabled = " (or None to disable it)" if optional else ""
+        raise _bad(rule, field, f"must be an integer >= {low}{disabled}")
+
+
+def _need_number(
+    rule: RuleConfig, field: str, low: float, high: float | None, *, optional: bool = False
+) -> None:
+    value = getattr(rule, field)
+    if optional and value is None:
+        return
+    if not _is_number(value) or not (low <= value and (high is None or value <= high)):
+        where = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+        disabled = " (or None to disable it)" if optional else ""
+        raise _bad(rule, field, f"must be a number {where}{disabled}")
+
+
+def _need_fraction(rule: RuleConfig, field: str, *, optional: bool = False) -> None:
+    _need_number(rule, field, 0.0, 1.0, optional=optional)
+
+
+def _need_order(rule: RuleConfig, low: str, high: str) -> None:
+    if (
+        getattr(rule, low) is not None
+        and getattr(rule, high) is not None
+        and getattr(rule, low) > getattr(rule, high)
+    ):
+        raise _bad(
+            rule, low, f"is larger than {high}={getattr(rule, high)!r}, so every document would be dropped"
+        )
 
 
 def make_rule(name: str, **fields: Any) -> RuleConfig:
@@ -108,6 +171,9 @@ class MinLength(RuleConfig, name="min_length"):
     min_chars: int
     """Smallest length kept, in characters of `text.strip()`."""
 
+    def validate(self) -> None:
+        _need_int(self, "min_chars", 0)
+
     def check(self, document: dict[str, Any]) -> str | None:
         return "too_short" if len(document["text"].strip()) < self.min_chars else None
 
@@ -119,6 +185,9 @@ class MaxLength(RuleConfig, name="max_length"):
     max_chars: int
     """Largest length kept, in characters of the whole text."""
 
+    def validate(self) -> None:
+        _need_int(self, "max_chars", 1)
+
     def check(self, document: dict[str, Any]) -> str | None:
         return "too_long" if len(document["text"]) > self.max_chars else None
 
@@ -129,6 +198,9 @@ class MaxLineLength(RuleConfig, name="max_line_length"):
 
     max_chars: int
     """Longest line kept, in characters."""
+
+    def validate(self) -> None:
+        _need_int(self, "max_chars", 1)
 
     def check(self, document: dict[str, Any]) -> str | None:
         longest = max((len(line) for line in document["text"].splitlines()), default=0)
@@ -146,6 +218,9 @@ class AlphanumericRatio(RuleConfig, name="alphanumeric_ratio"):
     min_ratio: float
     """Smallest fraction of letters and digits (`str.isalnum`, any script) among the
     non-whitespace characters; whitespace is left out so indentation does not count."""
+
+    def validate(self) -> None:
+        _need_fraction(self, "min_ratio")
 
     def check(self, document: dict[str, Any]) -> str | None:
         chars = _non_space(document["text"])
@@ -166,6 +241,9 @@ class SymbolRatio(RuleConfig, name="symbol_ratio"):
     max_ratio: float
     """Largest fraction of such symbols among the non-whitespace characters kept."""
 
+    def validate(self) -> None:
+        _need_fraction(self, "max_ratio")
+
     def check(self, document: dict[str, Any]) -> str | None:
         chars = _non_space(document["text"])
         if not chars:
@@ -183,6 +261,10 @@ class MaxDuplicateLineFraction(RuleConfig, name="max_duplicate_line_fraction"):
     second occurrence on; lines compared after stripping outer whitespace)."""
     min_line_chars: int = 1
     """Lines shorter than this (after stripping) are ignored; 1 ignores only blank lines."""
+
+    def validate(self) -> None:
+        _need_fraction(self, "max_fraction")
+        _need_int(self, "min_line_chars", 0)
 
     def check(self, document: dict[str, Any]) -> str | None:
         seen: set[str] = set()
@@ -207,6 +289,11 @@ class MinQualityScore(RuleConfig, name="min_quality_score"):
     """Smallest score kept (scores are probabilities in [0, 1])."""
     key: str = "quality_score"
     """The `metadata` field holding the score."""
+
+    def validate(self) -> None:
+        _need_fraction(self, "min_score")
+        if not isinstance(self.key, str) or not self.key:
+            raise _bad(self, "key", "must name the metadata field holding the score")
 
     def check(self, document: dict[str, Any]) -> str | None:
         score = (document.get("metadata") or {}).get(self.key)
@@ -308,6 +395,21 @@ class Gopher(_DatatroveRule, name="gopher"):
     language: str | None = None
     """None: `RegexWordTokenizer`; a language code: datatrove's tokenizer for it (may need spaCy)."""
 
+    def validate(self) -> None:
+        for field in ("min_doc_words", "max_doc_words", "min_stop_words"):
+            _need_int(self, field, 0, optional=True)
+        for field in ("min_avg_word_length", "max_avg_word_length", "max_symbol_word_ratio"):
+            _need_number(self, field, 0.0, None, optional=True)
+        for field in ("max_bullet_lines_ratio", "max_ellipsis_lines_ratio", "max_non_alpha_words_ratio"):
+            _need_fraction(self, field, optional=True)
+        _need_order(self, "min_doc_words", "max_doc_words")
+        _need_order(self, "min_avg_word_length", "max_avg_word_length")
+        if self.stop_words is not None and (
+            not isinstance(self.stop_words, (tuple, list))
+            or not all(isinstance(w, str) for w in self.stop_words)
+        ):
+            raise _bad(self, "stop_words", "must be a tuple of words (or None for datatrove's list)")
+
     def block(self) -> Any:
         from datatrove.pipeline.filters.gopher_quality_filter import GopherQualityFilter
 
@@ -351,6 +453,23 @@ class GopherRepetition(_DatatroveRule, name="gopher_repetition"):
     """(n, largest character fraction covered by repeated word n-grams)."""
     language: str | None = None
     """None: `RegexWordTokenizer`; a language code: datatrove's tokenizer for it (may need spaCy)."""
+
+    def validate(self) -> None:
+        for field in ("dup_line_frac", "dup_para_frac", "dup_line_char_frac", "dup_para_char_frac"):
+            _need_fraction(self, field, optional=True)
+        for field in ("top_n_grams", "dup_n_grams"):
+            pairs = getattr(self, field)
+            if not isinstance(pairs, (tuple, list)) or not all(
+                isinstance(pair, (tuple, list))
+                and len(pair) == 2
+                and isinstance(pair[0], int)
+                and not isinstance(pair[0], bool)
+                and pair[0] >= 1
+                and _is_number(pair[1])
+                and 0 <= pair[1] <= 1
+                for pair in pairs
+            ):
+                raise _bad(self, field, "must be a tuple of (n >= 1, fraction between 0 and 1) pairs")
 
     def block(self) -> Any:
         from datatrove.pipeline.filters.gopher_repetition_filter import GopherRepetitionFilter
@@ -396,6 +515,10 @@ class C4(_DatatroveRule, name="c4"):
     language: str | None = None
     """None: `RegexWordTokenizer`; a language code: datatrove's tokenizer for it (may need spaCy)."""
 
+    def validate(self) -> None:
+        for field in ("min_num_sentences", "min_words_per_line", "max_word_length"):
+            _need_int(self, field, -1)
+
     def block(self) -> Any:
         from datatrove.pipeline.filters.c4_filters import C4QualityFilter
 
@@ -434,6 +557,12 @@ class FineWeb(_DatatroveRule, name="fineweb"):
     """Largest ratio of newlines to words (list-like pages)."""
     language: str | None = None
     """None: `RegexWordTokenizer`; a language code: datatrove's tokenizer for it (may need spaCy)."""
+
+    def validate(self) -> None:
+        for field in ("line_punct_thr", "short_line_thr", "char_duplicates_ratio"):
+            _need_fraction(self, field)
+        _need_int(self, "short_line_length", 0)
+        _need_number(self, "new_line_ratio", 0.0, None)
 
     def block(self) -> Any:
         from datatrove.pipeline.filters.fineweb_quality_filter import FineWebQualityFilter
@@ -516,6 +645,10 @@ def _validate(config: FilterConfig) -> None:
                 f"FilterConfig.rules[{position}] is {rule!r}, not a registered rule; "
                 f"use one of {', '.join(sorted(RULES))} (or make_rule(name, **fields))"
             )
+        try:
+            rule.validate()
+        except ValueError as error:
+            raise ValueError(f"FilterConfig.rules[{position}] {error}") from None
         names.append(rule.rule_name)
     duplicated = sorted({name for name in names if names.count(name) > 1})
     if duplicated:
@@ -531,16 +664,20 @@ def _sample_key(document_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(document_id.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def _check_document(document: Any, shard: str, number: int) -> None:
-    if not isinstance(document, dict):
-        raise ValueError(f"{shard}, document {number}: expected a JSON object, got {type(document).__name__}")
+_MAKE_SHARDS_FIX = "or make the shards with operations.documents, which skips and counts such records"
+
+
+def _check_document(document: dict[str, Any], shard: str, line: int) -> None:
     if not isinstance(document.get("text"), str):
-        raise ValueError(
-            f"{shard}, document {number} (id {document.get('id')!r}): field 'text' must be a string, "
-            f"got {type(document.get('text')).__name__}"
+        raise DataError(
+            f"{shard}, line {line} (id {document.get('id')!r}): field 'text' must be a string, "
+            f"got {'null' if document.get('text') is None else type(document.get('text')).__name__}; "
+            f"fix the shard, {_MAKE_SHARDS_FIX}"
         )
     if "id" not in document:
-        raise ValueError(f"{shard}, document {number}: missing field 'id'; every document needs one")
+        raise DataError(
+            f"{shard}, line {line}: missing field 'id'; every document needs one -- fix the shard, {_MAKE_SHARDS_FIX}"
+        )
 
 
 def filter_shard(config: FilterConfig, input_shard: str, output_shard: str) -> dict[str, Any]:
@@ -552,8 +689,8 @@ def filter_shard(config: FilterConfig, input_shard: str, output_shard: str) -> d
     # Bottom-k by id hash per rule: a max-heap of (negated key, sequence, sample).
     samples: dict[str, list[tuple[int, int, dict[str, Any]]]] = {name: [] for name, _ in rules}
     with document_writer(output_shard) as write:
-        for number, document in enumerate(read_documents(input_shard), 1):
-            _check_document(document, input_shard, number)
+        for number, (line, document) in enumerate(read_numbered_documents(input_shard), 1):
+            _check_document(document, input_shard, line)
             documents["input"] += 1
             chars["input"] += len(document["text"])
             dropped_by = None
@@ -563,7 +700,7 @@ def filter_shard(config: FilterConfig, input_shard: str, output_shard: str) -> d
                 try:
                     reason = check(document)
                 except ValueError as error:
-                    raise ValueError(f"{input_shard}, document {number}, rule {name!r}: {error}") from error
+                    raise DataError(f"{input_shard}, line {line}, rule {name!r}: {error}") from error
                 if reason is not None:
                     dropped_by = (name, reason, original)
                     break
@@ -615,10 +752,71 @@ def _merge_samples(config: FilterConfig, per_shard: list[dict[str, Any]]) -> lis
     return merged
 
 
+PARAMETERS_FILE = ".filter_parameters.json"
+
+
+def _input_identity(inputs: list[str]) -> list[list[Any]]:
+    """Each input shard's name and size (location-independent, so a moved tree still resumes)."""
+    import fsspec
+
+    identity = []
+    for shard in inputs:
+        fs, path = fsspec.core.url_to_fs(shard)
+        identity.append([shard.rstrip("/").rsplit("/", 1)[-1], fs.size(path)])
+    return identity
+
+
+def _check_parameters(config: FilterConfig, inputs: list[str]) -> None:
+    """Refuse to resume into an output whose finished shards were made with other rules, or from
+    other input shards: `map_shards` keeps a finished shard as it is, and stats.json would credit
+    it to this run. With no shard finished, or for the shards not finished yet, anything may
+    change (a bad shard fixed, or a rule changed, after a failed run)."""
+    rules = json.loads(
+        json.dumps(
+            {
+                "rules": [{"rule": rule.rule_name, **dataclasses.asdict(rule)} for rule in config.rules],
+                "sample_dropped": config.sample_dropped,
+                "excerpt_chars": config.excerpt_chars,
+            }
+        )
+    )
+    identity = _input_identity(inputs)
+    path = join(config.output_path, PARAMETERS_FILE)
+    earlier = read_json(path)
+    fix = f"use a fresh output_path, or delete {config.output_path} to start over"
+    finished = (
+        set()
+        if earlier is None
+        else finished_shards(config.output_path, max(len(inputs), len(earlier["inputs"])))
+    )
+    if finished and {key: earlier.get(key) for key in rules} != rules:
+        raise ValueError(
+            f"filter: {config.output_path} holds shards filtered with other rules (or sampling) than this "
+            f"run's; they would be kept as they are -- {fix}"
+        )
+    changed = [
+        index
+        for index in sorted(finished)
+        if index >= len(inputs)
+        or index >= len(earlier["inputs"])
+        or earlier["inputs"][index] != identity[index]
+    ]
+    if changed:
+        names = ", ".join(shard_name(index) for index in changed[:5])
+        raise ValueError(
+            f"filter: {config.output_path} holds shards ({names}) filtered from other input shards than "
+            f"this run's (names or sizes differ under {config.input_path}); they would be kept as they are "
+            f"-- {fix}"
+        )
+    write_json_atomic(path, {**rules, "inputs": identity})
+
+
 def filter_documents(config: FilterConfig) -> None:
     """Run `config.rules` over every document under `config.input_path`; see the module docstring."""
     _validate(config)
-    inputs = list_shards(config.input_path)
+    inputs = list_input_shards(config.input_path, "filter")
+    refuse_output_among_inputs(inputs, config.output_path, "filter")
+    _check_parameters(config, inputs)
     per_shard = map_shards(
         functools.partial(filter_shard, config),
         inputs,
@@ -634,4 +832,23 @@ def filter_documents(config: FilterConfig) -> None:
     totals["rule_order"] = [rule.rule_name for rule in config.rules]
     totals["rule_configs"] = [{"rule": rule.rule_name, **dataclasses.asdict(rule)} for rule in config.rules]
     totals["dropped_samples"] = samples
+    documents = totals.get("documents", {})
+    if not documents.get("input"):
+        raise DataError(
+            f"filter: no documents in the {len(inputs)} input shard(s) under {config.input_path}: the step "
+            "before wrote empty shards -- check its stats.json"
+        )
+    if not documents.get("kept"):
+        by_rule = sorted(
+            ((counts["dropped"], name) for name, counts in totals["rules"].items() if counts["dropped"]),
+            reverse=True,
+        )
+        totals["error"] = (
+            f"filter: the rules dropped all {documents['input']} documents under {config.input_path} "
+            f"({', '.join(f'{name}: {dropped}' for dropped, name in by_rule)}); an empty output would only "
+            f"fail later steps -- see dropped_samples in {join(config.output_path, 'stats.json')} and loosen "
+            "the rules in a new step version"
+        )
     write_stats(config.output_path, totals)
+    if "error" in totals:
+        raise DataError(totals["error"])

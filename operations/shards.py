@@ -42,6 +42,14 @@ function over them:
   input gives byte-identical output.
 
 `write_stats` then sums the counters into `stats.json` in the output directory.
+
+Shards are exact by construction, so reading one (`read_numbered_documents`) refuses anything
+wrong with a `DataError` naming the file, the line and the fix: a truncated gzip or zstd
+stream, a `.gz` that is not gzip, bytes that are not UTF-8, a line that is not JSON or not a
+JSON object; `list_shards` refuses a directory or a broken link named like a shard, and a
+directory without shards. `map_shards` puts the step (its `description`) in front of a
+`DataError` from a shard function, so the step's failure is one line. See docs/data.md,
+"Bad input".
 """
 
 from __future__ import annotations
@@ -100,15 +108,36 @@ def _local(path: str) -> str:
     return path[len("file://") :] if path.startswith("file://") else path
 
 
+class DataError(ValueError):
+    """Bad input data: the message is one line naming the file (and line) and what to do.
+
+    `map_shards` puts the step in front (`filter: <file>, line 3: ...`). A ValueError, so
+    callers catching ValueError keep working."""
+
+
+_NOT_A_SHARD_FIX = (
+    "point input_path at the output of a documents step, or turn raw files into shards with "
+    "operations.documents.make_documents"
+)
+
+
 def list_shards(path: str) -> list[str]:
-    """Document shards directly under `path` (sorted), or `[path]` if it is one shard."""
-    if path.endswith(SHARD_SUFFIXES):
+    """Document shards directly under `path` (sorted), or `[path]` if it is one shard.
+
+    A directory or a broken symbolic link named like a shard is refused here, before any
+    shard is processed, and so is a directory with no shard at all."""
+    if path.endswith(SHARD_SUFFIXES) and not (is_local(path) and os.path.isdir(_local(path))):
+        if is_local(path):
+            _check_shard_entry(_local(path), path)
         return [path]
     fs, root = fsspec.core.url_to_fs(path)
     try:
         names = fs.ls(root, detail=False)
     except FileNotFoundError:
-        raise FileNotFoundError(f"no such directory of document shards: {path}") from None
+        raise FileNotFoundError(
+            f"no such directory of document shards: {path}; check input_path (the step before "
+            "this one must have run)"
+        ) from None
     shards = sorted(
         (name if is_local(path) else fs.unstrip_protocol(name))
         for name in names
@@ -116,8 +145,41 @@ def list_shards(path: str) -> list[str]:
         and not name.rsplit("/", 1)[-1].startswith(".")
     )
     if not shards:
-        raise FileNotFoundError(f"no document shards ({', '.join(SHARD_SUFFIXES)}) under {path}")
+        visible = sorted(
+            base
+            for base in (name.rstrip("/").rsplit("/", 1)[-1] for name in names)
+            if not base.startswith(".")
+        )
+        holds = (
+            f"it holds {', '.join(visible[:5])}{f' and {len(visible) - 5} more' if len(visible) > 5 else ''}"
+            if visible
+            else "it is empty"
+        )
+        raise FileNotFoundError(
+            f"no document shards ({', '.join(SHARD_SUFFIXES)}) under {path} ({holds}); {_NOT_A_SHARD_FIX}"
+        )
+    if is_local(path):
+        for shard in shards:
+            _check_shard_entry(_local(shard), shard)
     return shards
+
+
+def list_input_shards(path: str, step: str) -> list[str]:
+    """`list_shards` for a step's input_path: its refusals name the step."""
+    try:
+        return list_shards(path)
+    except (DataError, FileNotFoundError) as error:
+        raise type(error)(f"{step}: input_path: {error}") from None
+
+
+def _check_shard_entry(local: str, shown: str) -> None:
+    """Refuse a directory or a broken symbolic link where a shard file is expected."""
+    if os.path.isdir(local):
+        raise DataError(f"{shown} is a directory, not a shard file; move it out of the input directory")
+    if os.path.islink(local) and not os.path.exists(local):
+        raise DataError(
+            f"{shown} is a broken symbolic link (to {os.readlink(local)}); restore its target or remove the link"
+        )
 
 
 def _compression(path: str) -> str | None:
@@ -128,16 +190,158 @@ def _compression(path: str) -> str | None:
     return None
 
 
+class _ZstdReader(io.RawIOBase):
+    """A zstd stream (any number of frames), decompressed; EOFError when it ends mid-frame.
+
+    zstandard's own stream reader (what fsspec gives) returns the bytes decoded so far and
+    then b"" when a file is cut short, so a truncated shard read as a short, valid one."""
+
+    _CHUNK = 1 << 16
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        import zstandard
+
+        self._raw = raw
+        self._context = zstandard.ZstdDecompressor()
+        self._frame: Any = None
+        self._pending = b""
+        self._offset = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self._offset >= len(self._pending):
+            chunk = self._raw.read(self._CHUNK)
+            if not chunk:
+                if self._frame is not None and not self._frame.eof:
+                    raise EOFError("the zstd stream ends in the middle of a frame")
+                return 0
+            parts = []
+            while chunk:
+                if self._frame is None or self._frame.eof:
+                    self._frame = self._context.decompressobj()
+                parts.append(self._frame.decompress(chunk))
+                chunk = self._frame.unused_data if self._frame.eof else b""
+            self._pending, self._offset = b"".join(parts), 0
+        count = min(len(buffer), len(self._pending) - self._offset)
+        buffer[:count] = self._pending[self._offset : self._offset + count]
+        self._offset += count
+        return count
+
+
+@contextlib.contextmanager
+def open_compressed(path: str, compression: str | None = "infer") -> Iterator[IO[bytes]]:
+    """A binary, line-iterable reader of a (possibly compressed) file: gzip, zstd (checked for
+    truncation, see `_ZstdReader`) or whatever else fsspec infers from the name."""
+    if compression == "infer":
+        compression = _compression(path) or fsspec.utils.infer_compression(path)
+    if compression != "zstd":
+        with fsspec.open(path, "rb", compression=compression) as handle:
+            yield handle
+        return
+    with fsspec.open(path, "rb") as raw, io.BufferedReader(_ZstdReader(raw), buffer_size=1 << 16) as handle:
+        yield handle
+
+
+def compressed_read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged compressed file raises (truncated, or not compressed at all)."""
+    import zstandard
+
+    return (EOFError, gzip.BadGzipFile, zstandard.ZstdError)
+
+
+def describe_read_error(path: str, error: BaseException, line: int = 0) -> str:
+    """One line for a file that cannot be read as what its name says: the file, what is wrong, the fix."""
+    after = f" after line {line}" if line else ""
+    if isinstance(error, gzip.BadGzipFile):
+        return (
+            f"{path}: not a gzip file although its name ends in .gz ({error}); rename it to match its "
+            "content (.jsonl for plain JSON Lines), or compress it with gzip"
+        )
+    if isinstance(error, EOFError):
+        return (
+            f"{path}: truncated: the compressed stream ends{after} before its end marker ({error}); "
+            "the file is incomplete (an interrupted download or write) -- download or write it again"
+        )
+    if isinstance(error, IsADirectoryError):
+        return f"{path} is a directory, not a shard file; move it out of the input directory"
+    if isinstance(error, FileNotFoundError) and os.path.islink(_local(path)):
+        return f"{path} is a broken symbolic link (to {os.readlink(_local(path))}); restore its target or remove the link"
+    return (
+        f"{path}: not a valid {_compression(path) or 'compressed'} file{after} ({type(error).__name__}: "
+        f"{error}); the file is damaged or misnamed -- write it again, or rename it to match its content"
+    )
+
+
+def _json_kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _not_utf8(path: str, number: int, raw: bytes, error: UnicodeDecodeError) -> DataError:
+    return DataError(
+        f"{path}, line {number}: not valid UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1}); "
+        "shards are UTF-8 JSON Lines: re-encode the file, or make the shards with operations.documents "
+        "(encoding_errors='replace' keeps such text)"
+    )
+
+
+def parse_document_line(
+    path: str, number: int, raw: bytes, loads: Callable[[bytes], Any] | None = None
+) -> dict[str, Any]:
+    """One shard line (bytes) as a document object, or a `DataError` naming the file, the line
+    and the fix: bytes that are not UTF-8, a line that is not JSON, JSON that is not an object.
+    `loads` (e.g. `orjson.loads`) parses the bytes directly; None: `json.loads` of the text."""
+    try:
+        document = json.loads(raw.decode("utf-8")) if loads is None else loads(raw)
+    except UnicodeDecodeError as error:
+        raise _not_utf8(path, number, raw, error) from None
+    except ValueError as error:  # json's and orjson's decode errors
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as decode_error:
+            raise _not_utf8(path, number, raw, decode_error) from None
+        raise DataError(
+            f"{path}, line {number}: not a JSON document ({error}); fix or remove the line, or make the "
+            "shards with operations.documents (it skips and counts such lines)"
+        ) from None
+    if not isinstance(document, dict):
+        raise DataError(
+            f"{path}, line {number}: a JSON {_json_kind(document)}, not a document object "
+            '({"id": ..., "text": ...}); fix or remove the line, or make the shards with '
+            "operations.documents (it skips and counts records without text)"
+        )
+    return document
+
+
+def numbered_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """`(line number, bytes)` of the non-blank lines of one shard (1-based, as editors count);
+    a damaged or misnamed compressed file, a directory or a broken link raise a `DataError`."""
+    number = 0
+    try:
+        with open_compressed(path) as handle:
+            for number, raw in enumerate(handle, 1):  # noqa: B007 (read in the handler)
+                if raw.strip():
+                    yield number, raw
+    except (*compressed_read_errors(), IsADirectoryError) as error:
+        raise DataError(describe_read_error(path, error, number)) from None
+    except FileNotFoundError as error:
+        if is_local(path) and os.path.islink(_local(path)):
+            raise DataError(describe_read_error(path, error)) from None
+        raise
+
+
+def read_numbered_documents(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream `(line number, document)` of one shard; blank lines are skipped. Bad input raises
+    a `DataError` naming the file, the line and the fix (`numbered_lines`, `parse_document_line`)."""
+    for number, raw in numbered_lines(path):
+        yield number, parse_document_line(path, number, raw)
+
+
 def read_documents(path: str) -> Iterator[dict[str, Any]]:
-    """Stream the documents of one shard."""
-    with fsspec.open(path, "rt", compression=_compression(path), encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {number}: not a JSON document ({error})") from None
+    """Stream the documents of one shard (see `read_numbered_documents` for bad input)."""
+    for _number, document in read_numbered_documents(path):
+        yield document
 
 
 def iter_documents(path: str) -> Iterator[dict[str, Any]]:
@@ -367,10 +571,32 @@ def _end_workers_now(pool: ProcessPoolExecutor) -> None:
         wait(list(left), timeout=_TERMINATE_GRACE_SECONDS)
 
 
-def _run_one(fn: ShardFunction, input_shard: str, output_shard: str, stats_path: str) -> dict[str, Any]:
-    stats = fn(input_shard, output_shard)
+def _run_one(
+    fn: ShardFunction, input_shard: str, output_shard: str, stats_path: str, description: str = ""
+) -> dict[str, Any]:
+    try:
+        stats = fn(input_shard, output_shard)
+    except DataError as error:
+        if not description:
+            raise
+        # The step in front of the file and line: one line says which step, which file, what to do.
+        raise DataError(f"{description}: {error}") from error
     write_json_atomic(stats_path, stats)
     return stats
+
+
+def refuse_output_among_inputs(inputs: Iterable[str], output_dir: str, what: str) -> None:
+    """Refuse an output directory that holds input shards: its shards would replace them
+    (same names) or mix with them (the next step lists both)."""
+    if not is_local(output_dir):
+        return
+    output = os.path.realpath(_local(output_dir))
+    for input_shard in inputs:
+        if is_local(input_shard) and os.path.realpath(os.path.dirname(_local(input_shard))) == output:
+            raise ValueError(
+                f"{what}: output_path {output_dir} is the directory of its input shards ({input_shard}); "
+                "writing there would replace or mix with the input -- give the step its own output_path"
+            )
 
 
 def map_shards(
@@ -392,6 +618,7 @@ def map_shards(
     """
     from tqdm.auto import tqdm
 
+    refuse_output_among_inputs((i for i in inputs if _is_local_file(i)), output_dir, description)
     # Left by a worker or driver killed mid-shard; no writer of this output is alive now
     # (the executor's lease keeps other drivers out, and workers die with their driver).
     remove_temp_files(output_dir)
@@ -414,7 +641,7 @@ def map_shards(
             _map_on_ray(fn, jobs, results, progress.update, workers, description)
         elif workers == 1 or len(jobs) <= 1:
             for index, input_shard, output_shard, stats_path in jobs:
-                results[index] = _run_one(fn, input_shard, output_shard, stats_path)
+                results[index] = _run_one(fn, input_shard, output_shard, stats_path, description)
                 progress.update()
         else:
             # fork is fastest, but forking a process that has loaded JAX (a tokenize or train
@@ -435,7 +662,7 @@ def map_shards(
             try:
                 with stop_on_interrupt(stop_on_interrupt_of_the_run):
                     futures = {
-                        pool.submit(_run_one, fn, input_shard, output_shard, stats_path): index
+                        pool.submit(_run_one, fn, input_shard, output_shard, stats_path, description): index
                         for index, input_shard, output_shard, stats_path in jobs
                     }
                     for future in as_completed(futures):
@@ -529,6 +756,21 @@ def _map_on_ray(
     except BaseException:
         cancel_running()
         raise
+
+
+def finished_shards(output_dir: str, count: int, output_suffix: str = ".jsonl.gz") -> set[int]:
+    """Indices below `count` of the output shards `map_shards` would skip as done."""
+    done = set()
+    for index in range(count):
+        output_shard = join(output_dir, shard_name(index, output_suffix))
+        if _exists(_shard_stats_path(output_dir, output_shard)) and _exists(output_shard):
+            done.add(index)
+    return done
+
+
+def _is_local_file(path: str) -> bool:
+    """A local path to an existing file (not `documents`' JSON descriptors, not a URL)."""
+    return is_local(path) and not path.lstrip().startswith("{") and os.path.isfile(_local(path))
 
 
 def _exists(path: str) -> bool:

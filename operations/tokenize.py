@@ -60,7 +60,6 @@ Training loads the result with `lm_data_config(output_path, tokenizer)`:
 from __future__ import annotations
 
 import functools
-import io
 import logging
 import os
 import time
@@ -75,9 +74,13 @@ from operations.buckets import configure as configure_buckets
 from operations.buckets import is_bucket, local_input_copy, ray_builder_problem, using_input_copies
 from operations.ray_util import ensure_ray, ray_connected
 from operations.shards import (
+    DataError,
     is_local,
     join,
+    list_input_shards,
     list_shards,
+    numbered_lines,
+    parse_document_line,
     read_json,
     write_json_atomic,
     write_stats,
@@ -148,7 +151,65 @@ def tokenize(config: TokenizeConfig) -> None:
         write_tokenize_stats(config)
 
 
+# Files a tokenizer directory holds (transformers' AutoTokenizer reads one of them at least).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
+_TOKENIZER_FIX = (
+    "give the output directory of a tokenizer step (operations.tokenizer.train_tokenizer, "
+    "default_train_tokenizer) or a Hugging Face hub name"
+)
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A local path rather than a Hugging Face hub id (`name` or `namespace/name`)."""
+    return name.startswith(("/", "./", "../", "~", "file://")) or name.count("/") > 1
+
+
+def _check_tokenizer(tokenizer: str) -> None:
+    """Refuse a local tokenizer path that does not exist or holds no tokenizer, before anything
+    is written (transformers would ask the hub for it and fail with an unrelated message).
+    Buckets and hub names are checked when the tokenizer loads."""
+    if not isinstance(tokenizer, str) or not tokenizer:
+        raise ValueError(f"TokenizeConfig.tokenizer={tokenizer!r}: give a tokenizer directory or a hub name")
+    if not is_local(tokenizer):
+        return
+    path = os.path.expanduser(_local_path(tokenizer))
+    fix = _TOKENIZER_FIX
+    if os.path.isdir(path):
+        if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+            raise ValueError(
+                f"TokenizeConfig.tokenizer={tokenizer!r}: the directory has no tokenizer files "
+                f"({', '.join(TOKENIZER_FILES[:2])}, ...); {fix}"
+            )
+    elif os.path.exists(path):
+        raise ValueError(f"TokenizeConfig.tokenizer={tokenizer!r}: a file, not a tokenizer directory; {fix}")
+    elif _looks_like_a_path(tokenizer):
+        raise ValueError(f"TokenizeConfig.tokenizer={tokenizer!r}: no such directory; {fix}")
+
+
+def _check_tokenizer_loads(data: Any, tokenizer: str) -> None:
+    """Load the tokenizer before any cache is built; a name that is neither a tokenizer directory
+    nor on the hub is one line naming the field (transformers' own message spans many)."""
+    try:
+        data.the_tokenizer  # noqa: B018 (loads and caches it)
+    except (OSError, ValueError) as error:
+        lines = str(error).strip().splitlines()
+        raise ValueError(
+            f"TokenizeConfig.tokenizer={tokenizer!r}: cannot load it -- not a tokenizer directory here, and as a "
+            f"Hugging Face hub name: {type(error).__name__}: {lines[0] if lines else ''}; {_TOKENIZER_FIX}"
+        ) from error
+
+
 def _check(config: TokenizeConfig) -> None:
+    _check_tokenizer(config.tokenizer)
     if not 0.0 < config.validation_fraction < 1.0:
         raise ValueError(
             f"TokenizeConfig.validation_fraction={config.validation_fraction}: must be in (0, 1) "
@@ -242,33 +303,31 @@ class SplitSource:
 
 
 def _read_texts(shard: str, text_field: str) -> Iterator[tuple[str, str]]:
-    """(id, text) of every document of one shard, with errors naming the shard, line and field."""
-    compression = "gzip" if shard.endswith(".gz") else "zstd" if shard.endswith(".zst") else None
-    with fsspec.open(shard, "rb", compression=compression) as handle:
-        # zstandard's stream reader cannot be iterated by lines: buffer it (gzip's can).
-        lines = io.BufferedReader(handle) if compression == "zstd" else handle
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                document = orjson.loads(line)
-            except orjson.JSONDecodeError as error:
-                raise ValueError(f"{shard}, line {number}: not a JSON document ({error})") from None
-            text = document.get(text_field) if isinstance(document, dict) else None
+    """(id, text) of every document of one shard; bad input is one `DataError` line naming the
+    step, the shard, the line and the fix."""
+    try:
+        for number, line in numbered_lines(shard):
+            document = parse_document_line(shard, number, line, orjson.loads)
+            text = document.get(text_field)
             if not isinstance(text, str):
-                raise ValueError(
+                raise DataError(
                     f"{shard}: document {document.get('id', f'#{number}')!r} has no string field "
-                    f"{text_field!r} (got {type(text).__name__}); set text_field to the field holding the text"
+                    f"{text_field!r} (line {number}: got {'null' if text is None else type(text).__name__}); "
+                    "set text_field to the field holding the text"
                 )
             if "id" not in document:
-                raise ValueError(f"{shard}: document #{number} has no 'id' field; every document needs one")
+                raise DataError(
+                    f"{shard}: document #{number} has no 'id' field (line {number}); every document needs one"
+                )
             yield str(document["id"]), text
+    except DataError as error:
+        raise DataError(f"tokenize: {error}") from None
 
 
 def split_source(config: TokenizeConfig, split: str, force_validation_id: str | None = None) -> SplitSource:
     """The source of `split`; the validation source records the split counts as it streams."""
     return SplitSource(
-        shards=tuple(_absolute(shard) for shard in list_shards(config.input_path)),
+        shards=tuple(_absolute(shard) for shard in list_input_shards(config.input_path, "tokenize")),
         split=split,
         fraction=config.validation_fraction,
         seed=config.seed,
@@ -302,7 +361,11 @@ def forced_validation_id(per_shard: list[dict[str, Any]], input_path: str = "") 
         if counts["first_train"] is not None
     ]
     if not candidates:
-        raise ValueError(f"{input_path}: no non-empty documents to tokenize")
+        skipped = sum(counts["skipped_empty"] for counts in per_shard)
+        raise DataError(
+            f"tokenize: {input_path}: no non-empty documents to tokenize ({len(per_shard)} shard(s), "
+            f"{skipped} empty text(s) skipped); check the step that made them (its stats.json)"
+        )
     return min(candidates)[1]
 
 
@@ -449,6 +512,7 @@ def _build_with_ray(config: TokenizeConfig, pending: list[str]) -> None:
             f"cache copy task needs {COPY_TASK_CPUS}; use num_shard_groups=1 (or None) on this machine"
         )
     data = lm_data_config(config.output_path, config.tokenizer, text_field=config.text_field)
+    _check_tokenizer_loads(data, config.tokenizer)
 
     def build(split: str, source: SplitSource, cache_dir: str) -> None:
         cache = build_lm_dataset_cache(
@@ -470,6 +534,7 @@ def _build_in_process(config: TokenizeConfig, pending: list[str]) -> None:
     from tqdm.auto import tqdm
 
     data = lm_data_config(config.output_path, config.tokenizer, text_field=config.text_field)
+    _check_tokenizer_loads(data, config.tokenizer)
     processor = fast_batch_tokenizer(data)
     options = CacheOptions(num_shard_groups=1)
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import fsspec
 
-from operations.shards import atomic_output, document_text, iter_documents, join, write_stats
+from operations.shards import DataError, atomic_output, document_text, iter_documents, join, write_stats
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,8 @@ def document_texts(input_path: str, text_field: str, max_documents: int | None) 
                 return
             text = document_text(document, text_field, input_path, index)
             yield str(document["id"]), text
+    except DataError as error:  # a damaged shard, a line that is not a document (file and line named)
+        raise DataError(f"tokenizer: {error}") from None
     finally:
         documents.close()
 

@@ -265,7 +265,9 @@ def test_fsspec_paths_work(corpus):
 
 def test_a_document_without_text_is_a_clear_error(tmp_path):
     corpus = write_shards(tmp_path / "in", [[doc("ok", "fine"), {"id": "broken", "body": "no text field"}]])
-    with pytest.raises(ValueError, match=r"shard-00000\.jsonl\.gz, document 2: field 'text' is missing"):
+    with pytest.raises(
+        ValueError, match=r"shard-00000\.jsonl\.gz, line 2 \(id 'broken'\): field 'text' is missing"
+    ):
         deduplicate(DedupConfig(input_path=corpus, output_path=str(tmp_path / "out"), workers=1))
 
 
@@ -329,13 +331,14 @@ def test_lone_surrogates_from_json_escapes_do_not_break_hashing(tmp_path, unit):
 
 @pytest.mark.parametrize("mode", ["exact", "minhash", "both"])
 def test_shards_without_documents_give_empty_output_shards(tmp_path, mode):
-    corpus = write_shards(tmp_path / "in", [[], []])
+    # (Input without any document is refused: tests/operations/test_bad_data_input.py.)
+    corpus = write_shards(tmp_path / "in", [[], [doc("only", "a few words")], []])
     out = str(tmp_path / "out")
     deduplicate(DedupConfig(input_path=corpus, output_path=out, mode=mode, workers=1))
-    assert len(list_shards(out)) == 2
-    assert kept_ids(out) == []
+    assert len(list_shards(out)) == 3
+    assert kept_ids(out) == ["only"]
     stats = stats_of(out)
-    assert (stats["documents_in"], stats["documents_out"], stats["clusters"]) == (0, 0, 0)
+    assert (stats["documents_in"], stats["documents_out"], stats["clusters"]) == (1, 1, 0)
 
 
 def test_an_input_shard_changed_between_passes_is_a_clear_error(corpus, tmp_path):

@@ -154,6 +154,7 @@ def test_the_first_rule_in_config_order_drops_the_document(tmp_path):
 def test_dropped_samples_are_bounded_per_rule_and_independent_of_sharding(tmp_path):
     documents = [doc(f"short-{index:03d}", "tiny") for index in range(40)]
     documents += [doc(f"long-{index:03d}", "word " * 30) for index in range(10)]
+    documents.append(doc("kept", "word " * 5))  # a filter that keeps nothing fails
     write_documents(str(tmp_path / "one" / "shard-00000.jsonl.gz"), documents)
     for shard in range(4):
         write_documents(str(tmp_path / "four" / f"shard-{shard:05d}.jsonl.gz"), documents[shard::4])
@@ -171,7 +172,7 @@ def test_dropped_samples_are_bounded_per_rule_and_independent_of_sharding(tmp_pa
     assert [sample["rule"] for sample in one["dropped_samples"]] == ["min_length"] * 5 + ["max_length"] * 5
     long_sample = one["dropped_samples"][-1]
     assert long_sample["excerpt"] == "word word wo" and long_sample["chars"] == 150
-    assert one["documents"] == four["documents"] == {"input": 50, "kept": 0, "dropped": 50}
+    assert one["documents"] == four["documents"] == {"input": 51, "kept": 1, "dropped": 50}
 
 
 def test_rerun_gives_byte_identical_output(tmp_path):
@@ -285,13 +286,13 @@ def test_min_quality_score_keeps_scores_at_or_above_the_threshold(tmp_path):
 
 def test_missing_quality_score_names_the_file_and_the_fix(tmp_path):
     write_documents(str(tmp_path / "in" / "shard-00000.jsonl.gz"), [doc("unscored", "text")])
-    with pytest.raises(ValueError, match=r"shard-00000.jsonl.gz, document 1.*'quality_score'.*score_quality"):
+    with pytest.raises(ValueError, match=r"shard-00000.jsonl.gz, line 1.*'quality_score'.*score_quality"):
         run(str(tmp_path / "in"), tmp_path / "out", rules=(MinQualityScore(min_score=0.5),))
 
 
 def test_non_string_text_names_the_file_and_the_field(tmp_path):
     write_documents(str(tmp_path / "in" / "shard-00000.jsonl.gz"), [{"id": "a", "text": None}])
-    with pytest.raises(ValueError, match=r"shard-00000.jsonl.gz, document 1 \(id 'a'\): field 'text'"):
+    with pytest.raises(ValueError, match=r"shard-00000.jsonl.gz, line 1 \(id 'a'\): field 'text'"):
         run(str(tmp_path / "in"), tmp_path / "out")
     assert not (tmp_path / "out" / "shard-00000.jsonl.gz").exists()
 

@@ -398,7 +398,8 @@ def test_filter_stats_count_every_document_character_and_rule(tmp_path):
 
 def test_dropped_samples_are_the_smallest_id_hashes_per_rule(tmp_path):
     documents = [{"id": f"doc-{i}", "text": "x"} for i in range(30)]
-    source = write_corpus(tmp_path / "in", documents, shards=3)
+    # (One document kept: a filter that keeps nothing fails.)
+    source = write_corpus(tmp_path / "in", [*documents, {"id": "kept", "text": "long enough"}], shards=3)
     out = str(tmp_path / "out")
     filter_documents(
         FilterConfig(source, out, (MinLength(min_chars=5),), sample_dropped=4, excerpt_chars=1, workers=1)
@@ -560,9 +561,21 @@ def test_rewrites_are_counted_only_when_the_text_changes(tmp_path):
 @pytest.mark.parametrize(
     ("document", "message"),
     [
-        (["not", "an", "object"], "{shard}, document 1: expected a JSON object, got list"),
-        ({"id": "x", "text": 5}, "{shard}, document 1 (id 'x'): field 'text' must be a string, got int"),
-        ({"text": "t"}, "{shard}, document 1: missing field 'id'; every document needs one"),
+        (
+            ["not", "an", "object"],
+            '{shard}, line 1: a JSON list, not a document object ({{"id": ..., "text": ...}}); fix or remove the '
+            "line, or make the shards with operations.documents (it skips and counts records without text)",
+        ),
+        (
+            {"id": "x", "text": 5},
+            "{shard}, line 1 (id 'x'): field 'text' must be a string, got int; fix the shard, or make the "
+            "shards with operations.documents, which skips and counts such records",
+        ),
+        (
+            {"text": "t"},
+            "{shard}, line 1: missing field 'id'; every document needs one -- fix the shard, or make the "
+            "shards with operations.documents, which skips and counts such records",
+        ),
     ],
     ids=lambda value: "case",
 )
