@@ -803,35 +803,38 @@ class OutputTree:
         return dict(zip([s.path for s in steps], self._map(self.size, steps), strict=True))
 
     # -- experiments ----------------------------------------------------------
+    def manifest_listing(self) -> list[FileInfo]:
+        """The `.json` entries of `<prefix>/experiments/`, as listed (no manifest is read)."""
+        return [e for e in self.list_dir(f"{self.prefix}/{EXPERIMENTS_DIR}") if e.name.endswith(".json")]
+
+    def load_experiment(self, entry: FileInfo) -> Experiment | None:
+        """The manifest `entry` lists, read and parsed; None (saying why in `problems` and
+        `manifest_problems`) when it cannot be read or is no manifest."""
+        problem = None
+        try:
+            data = None if entry.is_dir else self.read_record(entry.path)
+            record = json.loads(data) if data else None
+        except TreeFileError as error:
+            problem = str(error)
+        except (ValueError, RecursionError):
+            problem = f"{entry.path} is not valid JSON: not read"
+        else:
+            if entry.is_dir:
+                problem = f"{entry.path} is a directory, not an experiment manifest: not read"
+            elif not isinstance(record, dict):
+                problem = f"{entry.path} is not a JSON object: not read"
+            elif not isinstance(record.get("steps"), list):
+                problem = f"{entry.path} holds no list of steps: not read"
+        if problem is not None:
+            self.problems.append(problem)
+            self.manifest_problems.append(problem)
+            return None
+        return Experiment(entry.path, record)
+
     @cached_property
     def experiments(self) -> list[Experiment]:
         """Experiment manifests, most recent first."""
-        base = f"{self.prefix}/{EXPERIMENTS_DIR}"
-        entries = [e for e in self.list_dir(base) if e.name.endswith(".json")]
-
-        def load(entry: FileInfo) -> Experiment | None:
-            problem = None
-            try:
-                data = None if entry.is_dir else self.read_record(entry.path)
-                record = json.loads(data) if data else None
-            except TreeFileError as error:
-                problem = str(error)
-            except (ValueError, RecursionError):
-                problem = f"{entry.path} is not valid JSON: not read"
-            else:
-                if entry.is_dir:
-                    problem = f"{entry.path} is a directory, not an experiment manifest: not read"
-                elif not isinstance(record, dict):
-                    problem = f"{entry.path} is not a JSON object: not read"
-                elif not isinstance(record.get("steps"), list):
-                    problem = f"{entry.path} holds no list of steps: not read"
-            if problem is not None:
-                self.problems.append(problem)
-                self.manifest_problems.append(problem)
-                return None
-            return Experiment(entry.path, record)
-
-        loaded = [exp for exp in self._map(load, entries) if exp is not None]
+        loaded = [exp for exp in self._map(self.load_experiment, self.manifest_listing()) if exp is not None]
         return sorted(loaded, key=lambda exp: exp.created, reverse=True)
 
     def find_experiment(self, ref: str) -> Experiment:

@@ -15,7 +15,8 @@ URL scheme (every `<rel>` is a path relative to the prefix, checked by `safety`)
 
 Each request reads the tree afresh (nothing is cached between requests, so a page is
 never stale while a run writes), and within a request each step's bookkeeping is read
-once. The tree is untrusted input: bookkeeping is parsed as JSON only, through
+once, and the experiment manifests within caps (`_Tree.experiments`, MAX_MANIFESTS: a
+note names those left out; `/exp/<id>` reads its own manifest alone). The tree is untrusted input: bookkeeping is parsed as JSON only, through
 `OutputTree`'s reads capped at `marin.outputs.MAX_RECORD_BYTES`; no recorded name is
 imported or called, and a step whose file was not read says why ("not read").
 """
@@ -34,15 +35,17 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import parse_qs
 
-from executor.store import Store, normalize_prefix, open_store
+from executor.store import FileInfo, Store, normalize_prefix, open_store
 from executor.tree import INFO_FILE, LEASE_FILE, LOG_FILE, STATUS_FILE
 from marin import leaderboard, predictions
 from marin.outputs import (
     EXPERIMENTS_DIR,
     MAX_RECORD_BYTES,
+    PARALLEL_READS,
     Experiment,
     OutputTree,
     StepOutput,
@@ -101,6 +104,27 @@ MAX_CONFIG_FIELDS = 1000
 name): ten runs of 100,000 differing fields took 8 s of CPU."""
 MAX_LABEL_CHARS = 200
 """A prediction's target label longer than this is cut (prediction.json may hold 1 MiB)."""
+MAX_MANIFESTS = 1000
+"""Experiment manifests one request reads (every page: `_Tree.experiments`), the most recently
+modified first (by the listing's times, which cost no read); the rest are named in a note.
+Every page once read every manifest: 200 crafted ones of 4 MiB made one `/` read 838 MB, hold
+4 GB and take 16 s of CPU (real manifests hold a few KB)."""
+MAX_MANIFEST_BYTES = 32 << 20
+"""Bytes of manifests one request reads at most, by the listing's sizes (so one past it is not
+opened); also counted in the read budget of the pages that have one (compare, training)."""
+MAX_MANIFEST_STEPS = 20_000
+"""Step entries of the manifests read that one request looks at, together: the manifest that
+crosses it is cut, those after it are not read. 20 manifests of 27,000 entries made `/` look up
+1 million step records (46 s of CPU) and a step page list 540,000 readers (a 32 MB page)."""
+MAX_UNREAD_NAMED = 20
+"""Unread manifests a note names (with links: an experiment's page reads its manifest alone)."""
+MAX_EXPERIMENT_STEPS = 2000
+"""Steps (table rows, DAG boxes) an experiment's page shows; the rest are counted."""
+MAX_STEP_READERS = 500
+"""Steps a step page lists as reading it (from the manifests); the rest are counted."""
+MAX_DESCRIPTION_CHARS = 1000
+"""A manifest's description (and command line) longer than this is cut; other manifest
+strings shown on the index are cut at MAX_CELL_CHARS."""
 
 
 @dataclass
@@ -129,6 +153,85 @@ class _Tree(OutputTree):
         """(path, why) of each bookkeeping file not read because the lookup limits were reached."""
         self._count_lock = threading.Lock()
         self._readers: _Readers | None = None
+        self.manifests_unread: list[FileInfo] = []
+        """The manifests `experiments` did not read (the caps), the most recently modified first."""
+        self.manifests_stops: list[str] = []
+        """The caps `experiments` reached (empty: it read every manifest whole)."""
+        self.steps_left_out: dict[str, tuple[int, int]] = {}
+        """{manifest path: (its step entries, of which looked at)} of the manifest `experiments` cut."""
+
+    @cached_property
+    def experiments(self) -> list[Experiment]:
+        """The manifests this request reads, the most recently modified first (by the listing),
+        at most MAX_MANIFESTS of them, MAX_MANIFEST_BYTES (by the listed sizes) and
+        MAX_MANIFEST_STEPS step entries together; `manifests_unread` and `steps_left_out` say
+        what was left out. Sorted like OutputTree's: by created date, newest first."""
+        listed = sorted(self.manifest_listing(), key=lambda entry: (-(entry.mtime or 0.0), entry.name))
+        chosen: list[FileInfo] = []
+        planned = 0
+        for entry in listed:
+            if len(chosen) >= MAX_MANIFESTS:
+                self.manifests_stops.append(f"{MAX_MANIFESTS:,} manifests were read")
+                break
+            # One larger than a record may be is refused unread on disk, but an object store
+            # reads that much to find out: it counts as that much.
+            cost = 0 if entry.is_dir else min(entry.size or 0, MAX_RECORD_BYTES + 1)
+            if planned + cost > MAX_MANIFEST_BYTES:
+                self.manifests_stops.append(f"the next would take them past {_mib(MAX_MANIFEST_BYTES)}")
+                break
+            planned += cost
+            chosen.append(entry)
+        loaded: list[Experiment] = []
+        looked_at: set[str] = set()  # manifests read (or refused: `problems` says why)
+        steps, capped = 0, False
+        batch = 1 if self.local else PARALLEL_READS  # (object stores: in parallel, a batch at a time)
+        for start in range(0, len(chosen), batch):
+            if steps >= MAX_MANIFEST_STEPS:
+                capped = True
+                break
+            entries = chosen[start : start + batch]
+            for entry, exp in zip(entries, self._map(self.load_experiment, entries), strict=True):
+                if exp is not None and steps >= MAX_MANIFEST_STEPS:
+                    capped = True  # read in the batch that reached the cap: left out like the rest
+                    continue
+                looked_at.add(entry.path)
+                if exp is None:
+                    continue
+                recorded = exp.steps
+                if len(recorded) > MAX_MANIFEST_STEPS - steps:
+                    capped = True
+                    kept = MAX_MANIFEST_STEPS - steps
+                    self.steps_left_out[exp.path] = (len(recorded), kept)
+                    exp = Experiment(exp.path, {**exp.record, "steps": recorded[:kept]})
+                steps += len(exp.steps)
+                loaded.append(exp)
+        if capped:
+            self.manifests_stops.insert(0, f"{MAX_MANIFEST_STEPS:,} steps of them were looked at")
+        self.manifests_unread = [entry for entry in listed if entry.path not in looked_at]
+        return sorted(loaded, key=lambda exp: exp.created, reverse=True)
+
+    def manifests_left_out(self) -> str | None:
+        """What `experiments` left out, in words (None: nothing)."""
+        parts = []
+        if self.manifests_unread:
+            count = len(self.manifests_unread)
+            parts.append(f"{count:,} experiment manifest{'s' if count != 1 else ''} not read")
+        parts.extend(
+            f"{_manifest_id(path)}: {total - kept:,} of its {total:,} steps not looked at"
+            for path, (total, kept) in self.steps_left_out.items()
+        )
+        return "; ".join(parts) or None
+
+    def manifests_cut(self) -> str | None:
+        """What `experiments` left out and why (None: nothing)."""
+        left_out = self.manifests_left_out()
+        if left_out is None:
+            return None
+        return (
+            f"{left_out} (a page reads at most {MAX_MANIFESTS:,} manifests, {_mib(MAX_MANIFEST_BYTES)} "
+            f"and {MAX_MANIFEST_STEPS:,} steps of them, the most recently modified first, and stopped "
+            f"when {' and '.join(self.manifests_stops)})"
+        )
 
     def count_reads(self, budget: filepages.ReadBudget, seconds: float | None = None) -> None:
         """From now on, the bookkeeping this tree reads counts in `budget` (the request's), at
@@ -186,6 +289,9 @@ class _Tree(OutputTree):
             cut = (
                 f"{len(refused)} experiment manifest{'s' if len(refused) != 1 else ''} not read: {refused[0]}"
             )
+        capped = self.manifests_cut()
+        if capped is not None:
+            cut = f"{cut}; {capped}" if cut else capped
         for exp in experiments:
             for number, entry in enumerate(exp.steps):
                 if number % 1024 == 0 and (why := self.lookup_spent()) is not None:
@@ -321,6 +427,32 @@ class App:
             return f'<span class="mono">{esc(text or path)}</span> <span class="muted">(outside the prefix)</span>'
         return _path_link("step", relpath, text)
 
+    def manifests_html(self, tree: _Tree, consequence: str = "") -> str:
+        """A note saying which manifests this request left out (`_Tree.experiments`), naming
+        the most recent unread ones; empty when it read them all (or none were asked for)."""
+        if "experiments" not in tree.__dict__:
+            return ""
+        left_out = tree.manifests_left_out()
+        if left_out is None:
+            return ""
+        unread = tree.manifests_unread
+        named = [_path_link("exp", _manifest_id(entry.path)) for entry in unread[:MAX_UNREAD_NAMED]]
+        names = (
+            "<p>Not read, the most recently modified first: "
+            + ", ".join(named)
+            + (f" and {len(unread) - len(named):,} more" if len(unread) > len(named) else "")
+            + " (an experiment's page reads its manifest alone).</p>"
+            if named
+            else ""
+        )
+        return (
+            f'<div class="note manifests-unread"><p><b>{esc(left_out)}</b>: a page reads at most '
+            f"{MAX_MANIFESTS:,} experiment manifests, {_mib(MAX_MANIFEST_BYTES)} and "
+            f"{MAX_MANIFEST_STEPS:,} steps of them, the most recently modified first, and stopped when "
+            f"{esc(' and '.join(tree.manifests_stops))}.{' ' + esc(consequence) if consequence else ''}</p>"
+            f"{names}</div>"
+        )
+
     # -- experiments ----------------------------------------------------------
     def index(self, tree: _Tree, _rest: str, _params: dict) -> Response:
         rows = []
@@ -328,20 +460,25 @@ class App:
             counts = Counter(
                 step.status if step else "MISSING" for _entry, step in tree.experiment_steps(exp)
             )
+            total, _kept = tree.steps_left_out.get(exp.path, (len(exp.steps), 0))
             git = exp.git
             commit = _str(git.get("commit"))[:10] + (" (dirty)" if git.get("dirty") else "")
+            by = f"{exp.record.get('user') or ''}@{exp.record.get('host') or ''}".strip("@")
+            statuses = " ".join(f"{badge(status)} {count}" for status, count in sorted(counts.items()))
+            if total > len(exp.steps):
+                statuses += f" <span class=muted>{total - len(exp.steps):,} not looked at</span>"
             rows.append(
                 [
                     _path_link("exp", exp.id),
-                    f"{esc(exp.created)}<br><span class=muted>{esc(iso_age(exp.created))}</span>",
-                    num(len(exp.steps)),
-                    " ".join(f"{badge(status)} {count}" for status, count in sorted(counts.items())),
+                    f"{esc(_cut(exp.created, MAX_CELL_CHARS))}<br><span class=muted>{esc(iso_age(exp.created))}</span>",
+                    num(f"{total:,}"),
+                    statuses,
                     f'<span class="mono">{esc(commit)}</span>',
-                    esc(f"{exp.record.get('user') or ''}@{exp.record.get('host') or ''}".strip("@")),
-                    esc(exp.record.get("description") or ""),
+                    esc(_cut(by, MAX_CELL_CHARS)),
+                    esc(_cut(str(exp.record.get("description") or ""), MAX_DESCRIPTION_CHARS)),
                 ]
             )
-        body = "<h1>Experiments</h1>"
+        body = "<h1>Experiments</h1>" + self.manifests_html(tree)
         if rows:
             body += table(
                 ["experiment", "created", "steps", "status", "git commit", "by", "description"], rows
@@ -370,7 +507,8 @@ class App:
         other = "bpb" if by == "loss" else "loss"
         body = (
             "<h1>Leaderboard</h1>"
-            f'<form method="get" action="/leaderboard"><input name="q" value="{esc(pattern or "")}" '
+            + self.manifests_html(tree, _UNLISTED_OUTPUTS)
+            + f'<form method="get" action="/leaderboard"><input name="q" value="{esc(pattern or "")}" '
             'placeholder="experiment or step-name pattern"> '
             f'<input type="hidden" name="by" value="{esc(by)}"><button>filter</button> '
             f"ranked by final <b>eval/{esc(by)}</b> (lower is better) among runs on equal tokens; "
@@ -429,7 +567,8 @@ class App:
             raise Refused(400, str(error)) from None
         body = (
             "<h1>Predictions</h1>"
-            f'<form method="get" action="/predictions"><input name="q" value="{esc(pattern or "")}" '
+            + self.manifests_html(tree, _UNLISTED_OUTPUTS)
+            + f'<form method="get" action="/predictions"><input name="q" value="{esc(pattern or "")}" '
             'placeholder="step-name pattern"> <button>filter</button> '
             "final eval loss predicted before the target trained (band: the interval, diamond: the "
             "prediction, dot: the outcome)</form>"
@@ -510,16 +649,25 @@ class App:
             ]
             for step in tree.steps
         ]
-        body = f"<h1>All steps <span class=muted>({len(rows)})</span></h1>"
+        body = f"<h1>All steps <span class=muted>({len(rows)})</span></h1>" + self.manifests_html(
+            tree, _UNLISTED_OUTPUTS
+        )
         body += table(["output", "name", "status", "age", "duration"], rows)
         return self.html("All steps", body)
 
     def experiment(self, tree: _Tree, rest: str, params: dict) -> Response:
         if not rest or "/" in rest:
             raise Refused(404, "not found")
-        exp = next((candidate for candidate in tree.experiments if candidate.id == rest), None)
+        # Its manifest alone (not every manifest, to find it by id): the id is its file name.
+        name = f"{rest}.json"
+        path = f"{tree.abspath(EXPERIMENTS_DIR)}/{name}"
+        exp = tree.load_experiment(FileInfo(path=path, name=name, is_dir=False, size=0, mtime=None))
         if exp is None:
             raise Refused(404, f"no experiment {rest!r}")
+        recorded = exp.steps
+        not_shown = len(recorded) - MAX_EXPERIMENT_STEPS
+        if not_shown > 0:  # the first MAX_EXPERIMENT_STEPS, as the manifest lists them
+            exp = Experiment(exp.path, {**exp.record, "steps": recorded[:MAX_EXPERIMENT_STEPS]})
         pairs = tree.experiment_steps(exp)
         with_sizes = _int(params, "sizes", 0, 1) == 1
         sizes = tree.sizes([step for _entry, step in pairs if step]) if with_sizes else {}
@@ -560,6 +708,7 @@ class App:
         git = exp.git
         command = record.get("command_line")
         command = " ".join(map(str, command)) if isinstance(command, list) else _str(command)
+        command = _cut(command, MAX_DESCRIPTION_CHARS)
         counts = Counter(node.status for node in nodes)
         info = kv(
             [
@@ -576,10 +725,21 @@ class App:
                     + (" <b>dirty</b>" if git.get("dirty") else ""),
                 ),
                 ("by", esc(f"{record.get('user') or ''}@{record.get('host') or ''}")),
-                ("description", esc(record.get("description") or "")),
+                ("description", esc(_cut(str(record.get("description") or ""), MAX_DESCRIPTION_CHARS))),
                 ("manifest", link(url("file", self.rel(exp.path) or ""), exp.id + ".json")),
-                ("steps", " ".join(f"{badge(status)} {count}" for status, count in sorted(counts.items()))),
+                (
+                    "steps",
+                    " ".join(f"{badge(status)} {count}" for status, count in sorted(counts.items()))
+                    + (f" <span class=muted>{not_shown:,} not shown</span>" if not_shown > 0 else ""),
+                ),
             ]
+        )
+        left_out = (
+            f'<p class="muted note left-out">{not_shown:,} more steps of this experiment are not shown '
+            f"(a page shows at most {MAX_EXPERIMENT_STEPS:,}): "
+            f"{link(url('file', self.rel(exp.path) or ''), 'its manifest')} lists them</p>"
+            if not_shown > 0
+            else ""
         )
         size_link = (
             link(url("exp", exp.id), "hide sizes")
@@ -589,8 +749,8 @@ class App:
         body = (
             f"<h1>Experiment {esc(exp.id)}</h1>{info}<h2>Graph</h2>"
             f'<div class="dagbox">{dag_svg(nodes)}</div>'
-            f"<h2>Steps <span class=muted>({len(rows)})</span> <small>{size_link}</small></h2>"
-            f"{table(header, rows, 'steps')}"
+            f"<h2>Steps <span class=muted>({len(recorded):,})</span> <small>{size_link}</small></h2>"
+            f"{left_out}{table(header, rows, 'steps')}"
         )
         return self.html(exp.id, body)
 
@@ -614,6 +774,12 @@ class App:
         step = self.load(tree, rest)
         info = step.info or {}
         users, experiments = self.dependents(tree, step.path)
+        experiments = list({exp.id: exp for exp in experiments}.values())  # each once, in order
+        incomplete = (
+            ' <span class="muted">(may be incomplete: see the note)</span>'
+            if tree.manifests_left_out() is not None
+            else ""
+        )
         run = _dict(info.get("run"))
         git = _dict(run.get("git"))
         overview = kv(
@@ -635,8 +801,11 @@ class App:
                 ),
                 (
                     "experiments",
-                    ", ".join(_path_link("exp", exp.id) for exp in experiments)
-                    or '<span class="muted">none</span>',
+                    (
+                        ", ".join(_path_link("exp", exp.id) for exp in experiments)
+                        or '<span class="muted">none</span>'
+                    )
+                    + incomplete,
                 ),
             ]
         )
@@ -645,7 +814,13 @@ class App:
             f"{' <span class=muted>(non-blocking)</span>' if dep.get('blocking') is False else ''}</li>"
             for dep in step.dependencies
         ]
-        downstream = [f"<li>{self.step_link(path, name)}</li>" for path, name in sorted(users.items())]
+        readers = sorted(users.items())
+        downstream = [f"<li>{self.step_link(path, name)}</li>" for path, name in readers[:MAX_STEP_READERS]]
+        if len(readers) > MAX_STEP_READERS:
+            downstream.append(
+                f"<li class=muted>{len(readers) - MAX_STEP_READERS:,} more steps read it (a page lists "
+                f"at most {MAX_STEP_READERS:,})</li>"
+            )
         history = [
             [
                 esc(event.date),
@@ -672,7 +847,15 @@ class App:
                 [link(url("file", file_rel), relname, "file"), num(human_size(size)), " ".join(links)]
             )
         has_metrics = any(relname == "metrics.jsonl" for relname, _size in all_files)
-        body = [f"<h1>{esc(step.name)} {badge(step.status)}</h1>", overview]
+        body = [
+            f"<h1>{esc(step.name)} {badge(step.status)}</h1>",
+            overview,
+            self.manifests_html(
+                tree,
+                "The experiments this step belongs to and the steps that read it are found in the "
+                "manifests read: both lists may be incomplete.",
+            ),
+        ]
         prediction = predictions.prediction_of(tree, step)
         if prediction is not None:
             body.append(self.prediction_html(prediction))
@@ -1356,6 +1539,19 @@ def _budget_spent() -> str:
         f"the request's read budget ({filepages.MAX_READ_BYTES >> 20} MiB, "
         f"{filepages.MAX_READ_SECONDS:g} s) was spent"
     )
+
+
+_UNLISTED_OUTPUTS = (
+    "Outputs that only the manifests not read name (outside the directories walked) are not listed."
+)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
+
+
+def _manifest_id(path: str) -> str:
+    return Experiment(path, {}).id
 
 
 def _cut(text: str, limit: int) -> str:

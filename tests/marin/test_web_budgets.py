@@ -676,3 +676,266 @@ def test_a_prediction_with_a_label_of_a_million_characters_makes_a_small_page(tm
 
     status, body = board_page(prefix, f"/step/{relpath_of(prefix, 'predictions/p0')}")
     assert status == 200 and len(body) < 64 << 10 and "(1,000,000 characters)" in body
+
+
+# -- the experiment manifests of the index, experiment and step pages ---------------------------
+# Found by a third pass: `/`, `/exp/<id>` and `/step/<rel>` read every manifest under
+# experiments/ (200 of 4 MiB: 838 MB read, 4 GB of memory, 16 s of CPU and an 818 MB page for
+# one `/`, whose description column showed each manifest's description whole; 20 manifests of
+# 27,000 step entries each: 46 s of CPU for `/`, a 22 MB experiment page, a 32 MB step page).
+def app_page(prefix: str, target: str) -> tuple[int, str]:
+    response = pages.App(prefix).handle(target)
+    return response.status, response.body.decode("utf-8")
+
+
+@pytest.fixture
+def manifests_read(monkeypatch) -> list[tuple[str, int]]:
+    """(name, bytes) of each experiment manifest the tree read."""
+    read: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    read_record = outputs.OutputTree.read_record
+
+    def counting(self, path: str, limit: int = outputs.MAX_RECORD_BYTES) -> bytes | None:
+        data = read_record(self, path, limit)
+        if "/experiments/" in path:
+            with lock:
+                read.append((os.path.basename(path), len(data or b"")))
+        return data
+
+    monkeypatch.setattr(outputs.OutputTree, "read_record", counting)
+    return read
+
+
+@pytest.fixture
+def steps_looked_up(monkeypatch) -> list[int]:
+    """Step outputs the request looked up by path (`_Tree.load_step`): [count]."""
+    counted = [0]
+    load_step = pages._Tree.load_step
+
+    def counting(self, path):
+        counted[0] += 1
+        return load_step(self, path)
+
+    monkeypatch.setattr(pages._Tree, "load_step", counting)
+    return counted
+
+
+def manifest_note(body: str) -> str | None:
+    note = re.search(r'<div class="note manifests-unread">(.*?)</div>', body, re.S)
+    return re.sub(r"<[^>]+>", "", note.group(1)) if note else None
+
+
+def dated(path: str, mtime: float) -> None:
+    os.utime(path, (mtime, mtime))
+
+
+@pytest.fixture
+def many_manifests(tmp_path) -> tuple[str, list[str]]:
+    """A chain of 2 steps (its real manifest the newest) and 30 crafted manifests
+    `exp-00`..`exp-29` (exp-29 the most recently modified), each naming the chain's first
+    step: (prefix, the chain's relpaths)."""
+    prefix = str(tmp_path / "prefix")
+    relpaths = make_chain(prefix, 2)
+    first = os.path.join(prefix, relpaths[0])
+    (real,) = glob.glob(os.path.join(prefix, "experiments", "*.json"))
+    dated(real, 1_000_000_100)
+    for number in range(30):
+        crafted_manifest(prefix, f"exp-{number:02d}.json", [{"name": "chain/s0", "output_path": first}])
+        dated(os.path.join(prefix, "experiments", f"exp-{number:02d}.json"), 1_000_000_000 + number)
+    return prefix, relpaths
+
+
+def test_a_normal_tree_reads_every_manifest_and_says_nothing(many_manifests, manifests_read):
+    prefix, _relpaths = many_manifests
+    status, body = app_page(prefix, "/")
+    assert status == 200
+    assert len(manifests_read) == 31 and manifest_note(body) is None
+    assert body.count('href="/exp/') == 31
+
+
+def test_the_index_reads_at_most_max_manifests_the_newest_first(many_manifests, monkeypatch, manifests_read):
+    prefix, _relpaths = many_manifests
+    monkeypatch.setattr(pages, "MAX_MANIFESTS", 10, raising=False)
+    monkeypatch.setattr(pages, "MAX_UNREAD_NAMED", 5, raising=False)
+
+    status, body = app_page(prefix, "/")
+
+    assert status == 200, body
+    (real,) = [
+        name for name in os.listdir(os.path.join(prefix, "experiments")) if not name.startswith("exp-")
+    ]
+    assert sorted(name for name, _size in manifests_read) == sorted(
+        [real] + [f"exp-{number}.json" for number in range(21, 30)]
+    )
+    note = manifest_note(body)
+    assert note is not None, "the page does not say that manifests were left unread"
+    assert "21 experiment manifests not read" in note and "at most 10 experiment manifests" in note
+    assert "most recently modified first" in note
+    # The newest unread are named (linked: /exp/ reads one manifest alone), the rest counted.
+    for number in range(16, 21):
+        assert f'href="/exp/exp-{number:02d}"' in body
+    assert 'href="/exp/exp-15"' not in body and "and 16 more" in note
+    assert body.count("<tr>") == 10 + 1  # + the header
+
+
+def test_the_index_reads_at_most_max_manifest_bytes(
+    tmp_path, monkeypatch, count_records_read, manifests_read
+):
+    """Ten manifests of 1 MB (one file, hard-linked) with the cap lowered to 3 MiB: sizes
+    come from the listing, so the manifests past the cap are not opened."""
+    prefix = str(tmp_path / "prefix")
+    make_chain(prefix, 1)
+    crafted_manifest(prefix, "big-0.json", [], pad=1_000_000)
+    for number in range(1, 10):
+        os.link(
+            os.path.join(prefix, "experiments", "big-0.json"),
+            os.path.join(prefix, "experiments", f"big-{number}.json"),
+        )
+    (real,) = [
+        path for path in glob.glob(os.path.join(prefix, "experiments", "*.json")) if "/big-" not in path
+    ]
+    dated(real, 2_000_000_000)  # the newest
+    monkeypatch.setattr(pages, "MAX_MANIFEST_BYTES", 3 << 20, raising=False)
+
+    status, body = app_page(prefix, "/")
+
+    assert status == 200, body[:2000]
+    assert sum(size for _name, size in manifests_read) <= 3 << 20, manifests_read
+    assert len(manifests_read) == 4  # the real one (a few KB) and three of 1 MB
+    note = manifest_note(body)
+    assert note is not None and "7 experiment manifests not read" in note and "3 MiB" in note
+    assert len(body) < 64 << 10, len(body)  # the descriptions (1 MB each) are cut
+
+
+def test_a_manifests_description_is_cut_on_the_index_and_experiment_pages(tmp_path):
+    prefix = str(tmp_path / "prefix")
+    make_chain(prefix, 1)
+    crafted_manifest(prefix, "long.json", [], pad=1 << 20)
+    with open(os.path.join(prefix, "experiments", "long.json")) as handle:
+        length = len(json.load(handle)["description"])
+    for target in ("/", "/exp/long"):
+        status, body = app_page(prefix, target)
+        assert status == 200, body[:2000]
+        assert len(body) < 64 << 10, (target, len(body))
+        assert f"({length:,} characters)" in body
+
+
+def test_the_manifests_step_entries_are_looked_at_up_to_max_manifest_steps(
+    tmp_path, monkeypatch, manifests_read, steps_looked_up
+):
+    """Five manifests of 1,000 entries each (outputs that do not exist), the newest first,
+    with the cap lowered to 2,500 entries: the index looks up at most that many outputs,
+    cuts the manifest that crosses the cap and does not read the two after it."""
+    prefix = str(tmp_path / "prefix")
+    make_chain(prefix, 1)
+    (real,) = glob.glob(os.path.join(prefix, "experiments", "*.json"))
+    dated(real, 1_000_000_100)  # the newest: 1 entry
+    for number in range(5):
+        entries = [
+            {"name": f"x/e{number}_{key}", "output_path": f"{prefix}/x/e{number}_{key:04d}-0123abcd"}
+            for key in range(1000)
+        ]
+        crafted_manifest(prefix, f"wide-{number}.json", entries)
+        dated(os.path.join(prefix, "experiments", f"wide-{number}.json"), 1_000_000_000 + number)
+    monkeypatch.setattr(pages, "MAX_MANIFEST_STEPS", 2500, raising=False)
+
+    status, body = app_page(prefix, "/")
+
+    assert status == 200, body[:2000]
+    assert steps_looked_up[0] <= 2500, steps_looked_up[0]
+    assert sorted(name for name, _size in manifests_read)[-3:] == [
+        "wide-2.json",
+        "wide-3.json",
+        "wide-4.json",
+    ]
+    assert len(manifests_read) == 4
+    note = manifest_note(body)
+    assert note is not None and "2 experiment manifests not read" in note and "2,500 steps" in note
+    assert "wide-2: 501 of its 1,000 steps not looked at" in note
+
+
+def test_an_experiment_page_reads_its_own_manifest_only(many_manifests, monkeypatch, manifests_read):
+    """Even one the index does not read (past MAX_MANIFESTS)."""
+    prefix, relpaths = many_manifests
+    monkeypatch.setattr(pages, "MAX_MANIFESTS", 10, raising=False)
+    status, body = app_page(prefix, "/exp/exp-00")
+    assert status == 200, body[:2000]
+    assert manifests_read == [("exp-00.json", manifests_read[0][1])]
+    assert f'href="/step/{relpaths[0]}"' in body
+    status, body = app_page(prefix, "/exp/missing")
+    assert status == 404 and "no experiment" in body and len(manifests_read) == 2
+
+
+def test_an_experiment_page_shows_at_most_max_experiment_steps(tmp_path, monkeypatch):
+    prefix = str(tmp_path / "prefix")
+    make_chain(prefix, 1)
+    entries = [{"name": f"x/e{key}", "output_path": f"{prefix}/x/e{key:04d}-0123abcd"} for key in range(300)]
+    crafted_manifest(prefix, "wide.json", entries)
+    monkeypatch.setattr(pages, "MAX_EXPERIMENT_STEPS", 100, raising=False)
+
+    status, body = app_page(prefix, "/exp/wide")
+
+    assert status == 200, body[:2000]
+    steps_table = body.split('<table class="steps">', 1)[1].split("</table>", 1)[0]
+    assert steps_table.count("<tr>") == 100 + 1  # + the header
+    assert body.count('<g class="node') <= 100
+    assert "200 more steps of this experiment are not shown" in body and "at most 100" in body
+
+
+def test_a_step_page_says_its_experiments_may_be_more_than_listed(
+    many_manifests, monkeypatch, manifests_read
+):
+    prefix, relpaths = many_manifests
+    monkeypatch.setattr(pages, "MAX_MANIFESTS", 10, raising=False)
+
+    status, body = app_page(prefix, f"/step/{relpaths[0]}")
+
+    assert status == 200, body[:2000]
+    assert len(manifests_read) == 10
+    note = manifest_note(body)
+    assert note is not None and "21 experiment manifests not read" in note
+    assert "may be incomplete" in note
+    listed = re.search(r"<dt>experiments</dt><dd>(.*?)</dd>", body, re.S).group(1)
+    crafted = [name for name in re.findall(r'href="/exp/([^"]+)"', listed) if name.startswith("exp-")]
+    assert crafted == [f"exp-{number}" for number in range(29, 20, -1)]
+    assert "exp-20" not in listed and "may be incomplete" in listed
+
+
+def test_a_step_page_lists_each_experiment_once_and_at_most_max_step_readers(tmp_path, monkeypatch):
+    """One manifest naming the first step 2,000 times and 300 readers of it."""
+    prefix = str(tmp_path / "prefix")
+    relpaths = make_chain(prefix, 1)
+    first = os.path.join(prefix, relpaths[0])
+    entries = [{"name": "chain/s0", "output_path": first}] * 2000 + [
+        {"name": f"x/r{key}", "output_path": f"{prefix}/x/r{key:03d}-0123abcd", "dependencies": [first]}
+        for key in range(300)
+    ]
+    crafted_manifest(prefix, "crafted.json", entries)
+    monkeypatch.setattr(pages, "MAX_STEP_READERS", 50, raising=False)
+
+    status, body = app_page(prefix, f"/step/{relpaths[0]}")
+
+    assert status == 200, body[:2000]
+    assert body.count('href="/exp/crafted"') == 1
+    downstream = body.split("<ul class=downstream>", 1)[1].split("</ul>", 1)[0]
+    assert downstream.count("<li") == 50 + 1  # + the line that counts the rest
+    assert "250 more steps read it" in downstream and "at most 50" in downstream
+
+
+def test_the_other_pages_that_read_the_manifests_say_what_they_left_unread(many_manifests, monkeypatch):
+    """The list of every step and the leaderboard (their outputs include those only manifests
+    name) and a compare page's chain lookup read the manifests within the same caps."""
+    prefix, relpaths = many_manifests
+    monkeypatch.setattr(pages, "MAX_MANIFESTS", 10, raising=False)
+    for target in ("/steps", "/leaderboard", "/predictions"):
+        status, body = app_page(prefix, target)
+        assert status == 200, (target, body[:2000])
+        note = manifest_note(body)
+        assert note is not None and "21 experiment manifests not read" in note, target
+        assert "are not listed" in note
+    status, body = app_page(prefix, f"/compare/{relpaths[0]}/{SHARD}")
+    assert status == 200, body[:2000]
+    note = lookup_note(body)
+    assert (
+        note is not None and "21 experiment manifests not read" in note and "10 manifests were read" in note
+    )
