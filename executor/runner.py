@@ -705,9 +705,13 @@ class Runner:
     ) -> tuple[Outcome, str]:
         """Write the final status of a step run in this driver, if its lease is still ours."""
         step, path, worker = row.step, row.output_path, self.leases.worker_id
+        if self._stop.is_set():
+            # The run was interrupted: `_interrupt` records the step (and releases its lease)
+            # once it has stopped the work the step waits on. A step that failed *because* of
+            # that stopping (its shard workers killed) must not record its own failure and
+            # release the lease while other workers of it are still being stopped.
+            return Outcome.INTERRUPTED, "interrupted"
         if self.leases.was_lost(path) or not self.leases.confirm(path):
-            if self._stop.is_set():  # `_interrupt` recorded it and released the lease
-                return Outcome.INTERRUPTED, "interrupted"
             return Outcome.LOST, "lease lost to another driver while the step ran; not marking it successful"
         if error is not None:
             message = (

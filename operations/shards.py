@@ -569,6 +569,29 @@ def _end_workers_now(pool: ProcessPoolExecutor) -> None:
             os.kill(process.pid, signal.SIGKILL)
     if left:
         wait(list(left), timeout=_TERMINATE_GRACE_SECONDS)
+    _wait_until_dead([process.pid for process in processes], _TERMINATE_GRACE_SECONDS)
+
+
+def _wait_until_dead(pids: list[int], timeout: float) -> None:
+    """Wait (up to `timeout` s) until each process has finished exiting: a zombie, or gone.
+
+    A worker's sentinel becomes readable when the kernel closes its files, a moment before
+    the process is done exiting; the lease released in that moment was released while the
+    worker still existed (a CI-load flake of the test that checks this). Linux only (/proc);
+    elsewhere the sentinel is all there is."""
+    if not os.path.isdir("/proc/self"):
+        return
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as handle:
+                    state = handle.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break  # gone (reaped)
+            if state in (b"Z", b"X"):
+                break
+            time.sleep(0.001)
 
 
 def _run_one(
@@ -731,9 +754,16 @@ def _map_on_ray(
     running: dict[Any, tuple[int, str, str, str]] = {}
 
     def cancel_running() -> None:  # (the run was interrupted: from the driver's main thread)
-        for ref in list(running):
+        refs = list(running)
+        for ref in refs:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
+        # `ray.cancel` only asks: the tasks' workers are killed a moment later. Wait for their
+        # results (a cancelled or killed task's result is its error) before the step's lease is
+        # released, or a task could still be writing when another driver takes the step.
+        if refs:
+            with contextlib.suppress(Exception):
+                ray.wait(refs, num_returns=len(refs), timeout=_TERMINATE_GRACE_SECONDS)
 
     try:
         with stop_on_interrupt(cancel_running):

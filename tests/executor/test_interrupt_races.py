@@ -9,11 +9,13 @@ has heard of that step."""
 import os
 import signal
 import threading
+import time
 
 import pytest
 
 from executor import Executor, ExecutorStep, this_output_path, versioned
 from executor.backends import Backend
+from executor.graph import resolve
 from executor.lease import LeaseManager
 from executor.tree import Status, lease_path, read_status
 from tests.executor.steps_for_tests import WriteConfig
@@ -327,3 +329,39 @@ def test_a_heavy_step_after_a_light_one_is_still_admitted_by_the_main_thread(tmp
     run.run([light, heavy])
     assert dispatched == ["light", "heavy"]
     assert read_status(run.store, run.output_paths[heavy])[-1].status == Status.SUCCESS
+
+
+def test_a_step_failing_because_its_work_was_stopped_leaves_the_record_and_lease_to_the_interrupt(tmp_path):
+    """The interrupt stops what a light step waits on (`stop_on_interrupt`: its shard workers)
+    before it records the step and releases the lease. The step's function saw its first
+    worker die and failed at once; its thread recorded that failure (`ShardError: ...`) and
+    released the lease while the stopper was still ending the other workers -- which another
+    driver could then find writing into the output it had just taken."""
+    from executor.interrupts import stop_on_interrupt
+
+    stopping, step_failed, seen = threading.Event(), threading.Event(), {}
+
+    def step_fn(config: WriteConfig) -> None:
+        def stop_workers() -> None:  # (called from the main thread, by the interrupt)
+            stopping.set()
+            step_failed.wait(timeout=30)  # the step's thread is failing now...
+            time.sleep(0.3)  # ...and has had ample time to record it and drop the lease
+            seen["lease while stopping"] = os.path.exists(lease_file[0])
+
+        with stop_on_interrupt(stop_workers):
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stopping.wait(timeout=30)
+        step_failed.set()
+        raise RuntimeError("a shard worker died")  # what the step sees of its stopped workers
+
+    run = Executor(str(tmp_path), console=False)
+    steps = one_step("sharded", step_fn)
+    lease_file = [lease_path(resolve(steps, str(tmp_path)).resolved(steps[0]).output_path)]
+    run_until_interrupted(run, steps)
+    path = run.output_paths[run.steps[0]]
+    assert seen == {"lease while stopping": True}
+    assert [(e.status, e.message) for e in read_status(run.store, path)] == [
+        (Status.RUNNING, None),
+        (Status.FAILED, "interrupted"),
+    ]
+    assert run.store.read_bytes(lease_path(path)) is None

@@ -209,3 +209,57 @@ def test_a_failing_shard_fails_the_map_naming_the_shard(cluster, tmp_path):
     assert "planted failure in shard 1" in str(caught.value)
     assert isinstance(caught.value.__cause__, ValueError)
     assert not (tmp_path / "out" / shard_name(1)).exists()
+
+
+def holding_shard(input_shard: str, output_shard: str) -> dict:
+    """Say which process runs it (a file named by its pid), write half a shard, then hold."""
+    parameters = json.loads(input_shard)
+    Path(parameters["record"], f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    with document_writer(output_shard) as write:
+        write({"id": str(parameters["index"]), "text": "x" * 10, "source": "t", "metadata": {}})
+        time.sleep(120)
+    return {"documents": 1}
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie holds no files and runs nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_an_interrupt_returns_only_once_the_cancelled_ray_tasks_have_ended(cluster, tmp_path):
+    """The run's interrupt calls the map's stopper, then releases the step's lease. The stopper
+    cancelled the Ray tasks and returned at once, while their workers were still alive (and
+    writing) for a moment: long enough for another driver to take the step."""
+    import threading
+
+    from executor.interrupts import stop_running_work
+
+    record = tmp_path / "record"
+    record.mkdir()
+    inputs = [spec(i, record) for i in range(2)]
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            map_shards(holding_shard, inputs, str(tmp_path / "out"), workers=2)
+        except BaseException as error:  # the cancelled tasks fail the map
+            failures.append(error)
+
+    mapper = threading.Thread(target=run)
+    mapper.start()
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(record.glob("*.pid"))) < 2:
+            assert time.monotonic() < deadline and mapper.is_alive(), "the tasks never started"
+            time.sleep(0.05)
+        pids = [int(path.read_text()) for path in record.glob("*.pid")]
+        assert stop_running_work() == 1
+        assert not [pid for pid in pids if _running(pid)], "a cancelled task's worker outlived the stopper"
+    finally:
+        mapper.join(timeout=60)
+    assert not mapper.is_alive()
+    assert failures and isinstance(failures[0], ShardError)
