@@ -752,6 +752,18 @@ MUTANTS = [
         '    for name in ("SIGINT",):',
         "tests/executor/test_console_and_signals.py -k whole_process_group",
     ),
+    (
+        "executor/runner.py",
+        "        if self._stop.is_set():\n            # The run was interrupted: `_interrupt` records the step",
+        "        if False:\n            # The run was interrupted: `_interrupt` records the step",
+        "tests/executor/test_interrupt_races.py -k work_was_stopped",
+    ),
+    (
+        "operations/shards.py",
+        "                ray.wait(refs, num_returns=len(refs), timeout=_TERMINATE_GRACE_SECONDS)",
+        "                pass",
+        "tests/operations/test_shards_ray.py -k interrupt",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 
