@@ -191,22 +191,12 @@ def signal_when_running(
             process.wait()
 
 
-def test_sigterm_ends_the_run_as_ctrl_c_does(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_the_run_as_ctrl_c_does(tmp_path, signum):
+    """SIGHUP: the terminal or SSH session a run was started from closes. It killed the
+    driver at once, leaving its steps RUNNING and leases the next run waited a minute for."""
     process = start_script(tmp_path, step_sleep=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = signal_when_running(process, tmp_path, signal.SIGTERM)
-    assert process.returncode == 130, (out, err)
-    assert err.decode().strip().splitlines()[-1] == "error: interrupted"
-    for path in step_dirs(tmp_path):
-        assert last_status(path)["status"] == "FAILED"
-        assert last_status(path)["message"] == "interrupted"
-        assert not os.path.exists(os.path.join(path, ".executor_status.lock"))
-
-
-def test_sighup_from_a_closed_terminal_ends_the_run_as_ctrl_c_does(tmp_path):
-    """The terminal or SSH session a run was started from closes: SIGHUP killed the driver
-    at once, leaving its steps RUNNING and leases the next run waited a minute for."""
-    process = start_script(tmp_path, step_sleep=120, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = signal_when_running(process, tmp_path, signal.SIGHUP)
+    out, err = signal_when_running(process, tmp_path, signum)
     assert process.returncode == 130, (out, err)
     assert err.decode().strip().splitlines()[-1] == "error: interrupted"
     for path in step_dirs(tmp_path):

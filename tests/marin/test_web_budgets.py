@@ -187,10 +187,9 @@ def test_one_read_budget_of_bytes_is_shared_by_every_step_of_a_compare_page(
     assert "dropped by" not in body
 
 
-def test_one_read_budget_of_time_is_shared_by_every_step_of_a_compare_page(chain, monkeypatch):
-    """Time from a clock that advances 1 ms each time the readers look at it: one budget of
-    5 s (the default) covers about 2,500 lines, fewer than the chain's 6 x 1,020."""
-    prefix, relpaths = chain
+def tick_a_millisecond_per_reading(monkeypatch) -> None:
+    """The readers' clock advances 1 ms each time they look at it: time budgets run out
+    after a known number of readings, whatever the machine's load."""
     ticks = [0]
     lock = threading.Lock()
 
@@ -200,6 +199,13 @@ def test_one_read_budget_of_time_is_shared_by_every_step_of_a_compare_page(chain
             return ticks[0] / 1000
 
     monkeypatch.setattr(files, "time", types.SimpleNamespace(monotonic=monotonic))
+
+
+def test_one_read_budget_of_time_is_shared_by_every_step_of_a_compare_page(chain, monkeypatch):
+    """Time from a clock that advances 1 ms each time the readers look at it: one budget of
+    5 s (the default) covers about 2,500 lines, fewer than the chain's 6 x 1,020."""
+    prefix, relpaths = chain
+    tick_a_millisecond_per_reading(monkeypatch)
 
     status, body = compare_page(prefix, relpaths[0])
 
@@ -424,15 +430,7 @@ def test_the_chain_lookup_stops_after_half_the_requests_time(tmp_path, monkeypat
         for n in range(3000)
     ]
     crafted_manifest(prefix, "000-crafted.json", entries)
-    ticks = [0]
-    lock = threading.Lock()
-
-    def monotonic() -> float:
-        with lock:
-            ticks[0] += 1
-            return ticks[0] / 1000
-
-    monkeypatch.setattr(files, "time", types.SimpleNamespace(monotonic=monotonic))
+    tick_a_millisecond_per_reading(monkeypatch)
 
     status, body = compare_page(prefix, relpaths[0])
 
