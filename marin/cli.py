@@ -35,7 +35,15 @@ from executor.template import TemplateError
 from executor.tree import Status, info_path, utc_now_iso
 from marin.explain import explain, previous_version
 from marin.gc import delete_garbage, find_garbage
-from marin.leaderboard import METRICS, as_json, describe_differences, rank, training_runs
+from marin.leaderboard import (
+    MAX_COMPARED_FIELDS,
+    METRICS,
+    as_json,
+    compared_fields_cut,
+    describe_differences,
+    rank,
+    training_runs,
+)
 from marin.outputs import (
     OutputTree,
     RefError,
@@ -478,9 +486,18 @@ def cmd_browse(args: argparse.Namespace) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     tree = _tree(args)
     try:
-        groups = rank(training_runs(tree, args.pattern), args.by)
+        runs = training_runs(tree, args.pattern)
+        groups = rank(runs, args.by)
     except ValueError as error:
         raise CliError(str(error)) from error
+    wide = compared_fields_cut(runs)
+    if wide:
+        print(
+            f"note: {len(wide)} run(s) record more than {MAX_COMPARED_FIELDS:,} config fields "
+            f"({', '.join(run.step.relpath for run in wide[:3])}{', ...' if len(wide) > 3 else ''}): "
+            f"DIFFERS compares the first {MAX_COMPARED_FIELDS:,} of each, by name",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(as_json(groups, args.by), indent=2))
         return 0

@@ -23,9 +23,7 @@ imported or called, and a step whose file was not read says why ("not read").
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import heapq
 import json
 import math
 import os
@@ -99,9 +97,6 @@ MAX_RESULT_ROWS = 200
 """Values shown from one results.json (flattened); the rest are counted, not shown."""
 MAX_CELL_CHARS = 300
 """A name or value of a results.json table longer than this is cut."""
-MAX_CONFIG_FIELDS = 1000
-"""Recorded config fields per run the leaderboard compares to say what differs (the first by
-name): ten runs of 100,000 differing fields took 8 s of CPU."""
 MAX_LABEL_CHARS = 200
 """A prediction's target label longer than this is cut (prediction.json may hold 1 MiB)."""
 MAX_MANIFESTS = 1000
@@ -502,8 +497,8 @@ class App:
         except ValueError as error:
             raise Refused(400, str(error)) from None
         # Saying what differs compares every recorded field of every run of a group: bounded.
-        wide = sum(1 for run in runs if len(run.version_config) > MAX_CONFIG_FIELDS)
-        groups = leaderboard.rank([_narrowed(run) for run in runs], by)
+        wide = len(leaderboard.compared_fields_cut(runs))
+        groups = leaderboard.rank(runs, by)
         other = "bpb" if by == "loss" else "loss"
         body = (
             "<h1>Leaderboard</h1>"
@@ -517,8 +512,8 @@ class App:
         if wide:
             body += (
                 f'<p class="muted note left-out">{wide} run{"s" if wide != 1 else ""} record more than '
-                f"{MAX_CONFIG_FIELDS:,} config fields: what differs is compared over the first "
-                f"{MAX_CONFIG_FIELDS:,} of each (by name)</p>"
+                f"{leaderboard.MAX_COMPARED_FIELDS:,} config fields: what differs is compared over the "
+                f"first {leaderboard.MAX_COMPARED_FIELDS:,} of each (by name)</p>"
             )
         if not groups:
             body += '<p class="muted">no finished training runs' + (
@@ -1557,14 +1552,6 @@ def _manifest_id(path: str) -> str:
 def _cut(text: str, limit: int) -> str:
     """`text`, or its first `limit` characters and how long it was."""
     return text if len(text) <= limit else f"{text[:limit]}\u2026 ({len(text):,} characters)"
-
-
-def _narrowed(run: leaderboard.Run) -> leaderboard.Run:
-    """`run` with at most MAX_CONFIG_FIELDS recorded config fields: the first by name."""
-    if len(run.version_config) <= MAX_CONFIG_FIELDS:
-        return run
-    kept = heapq.nsmallest(MAX_CONFIG_FIELDS, run.version_config.items(), key=lambda item: item[0])
-    return dataclasses.replace(run, version_config=dict(kept))
 
 
 def _dep_path(dep: Any) -> str:

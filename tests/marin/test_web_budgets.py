@@ -619,22 +619,23 @@ def board_page(prefix: str, target: str = "/leaderboard") -> tuple[int, str]:
 
 def test_the_leaderboard_compares_at_most_max_config_fields_per_run(board, monkeypatch):
     """20,000 differing fields per run: ranking compared every one of them (json.dumps of each
-    field of each run: 8 s of CPU for ten runs of 100,000); now the first MAX_CONFIG_FIELDS,
-    and the page says so."""
+    field of each run: 8 s of CPU for ten runs of 100,000); now the first
+    leaderboard.MAX_COMPARED_FIELDS, and the page says so."""
     compared: list[int] = []
-    rank = leaderboard.rank
+    fields = leaderboard.compared_fields
 
-    def recording(runs, by="loss"):
-        compared.extend(len(run.version_config) for run in runs)
-        return rank(runs, by)
+    def recording(run):
+        kept = fields(run)
+        compared.append(len(kept))
+        return kept
 
-    monkeypatch.setattr(leaderboard, "rank", recording)
+    monkeypatch.setattr(leaderboard, "compared_fields", recording)
 
     status, body = board_page(board)
 
     assert status == 200, body
     assert len(compared) == 3
-    limit = getattr(pages, "MAX_CONFIG_FIELDS", WIDE_FIELDS)
+    limit = leaderboard.MAX_COMPARED_FIELDS
     assert max(compared) == limit < WIDE_FIELDS
     assert (
         f"3 runs record more than {limit:,} config fields: what differs is compared over the first {limit:,}"
@@ -937,3 +938,25 @@ def test_the_other_pages_that_read_the_manifests_say_what_they_left_unread(many_
     assert (
         note is not None and "21 experiment manifests not read" in note and "10 manifests were read" in note
     )
+
+
+def test_marin_leaderboard_compares_at_most_max_compared_fields_and_says_so(board, monkeypatch, capsys):
+    """The CLI ranked with every recorded field too (the same 8 s for a crafted tree)."""
+    from marin.cli import main as marin
+
+    compared: list[int] = []
+    fields = leaderboard.compared_fields
+
+    def recording(run):
+        kept = fields(run)
+        compared.append(len(kept))
+        return kept
+
+    monkeypatch.setattr(leaderboard, "compared_fields", recording)
+    assert marin(["leaderboard", "--prefix", board]) == 0
+    captured = capsys.readouterr()
+    assert compared == [leaderboard.MAX_COMPARED_FIELDS] * 3
+    assert (
+        f"note: 3 run(s) record more than {leaderboard.MAX_COMPARED_FIELDS:,} config fields" in captured.err
+    )
+    assert "checkpoints/wide0" in captured.out and "field00000=" in captured.out
