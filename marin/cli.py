@@ -548,7 +548,7 @@ def cmd_predictions(args: argparse.Namespace) -> int:
     rows = [
         [
             p.step.relpath,
-            p.target_label or "?",
+            p.label,
             _fixed(p.predicted_loss),
             f"[{p.interval[0]:.4f}, {p.interval[1]:.4f}]" if p.interval else "-",
             _fixed(p.actual_loss),

@@ -38,6 +38,10 @@ MAX_FILE_BYTES = 1 << 20
 """The largest prediction.json, preregistration.json or report.json read (they are ~2-5 KB)."""
 
 
+MAX_LABEL_CHARS = 200
+"""A target label longer than this is cut where it is shown (`Prediction.label`)."""
+
+
 @dataclass(frozen=True)
 class Prediction:
     """One pre-registered prediction and, once there, the outcome it was compared with."""
@@ -115,6 +119,15 @@ class Prediction:
         if self.inside is None:
             return "no interval"
         return "inside" if self.inside else "outside"
+
+    @property
+    def label(self) -> str:
+        """The target's label as shown (`marin predictions`, `marin show`, the browser): cut at
+        `MAX_LABEL_CHARS`, saying how long it was (prediction.json may hold 1 MiB of it)."""
+        text = self.target_label or "?"
+        if len(text) <= MAX_LABEL_CHARS:
+            return text
+        return f"{text[:MAX_LABEL_CHARS]}\u2026 ({len(text):,} characters)"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -228,7 +241,7 @@ def describe(prediction: Prediction) -> list[str]:
     if p.problem:
         return [f"prediction: not read ({p.problem})"]
     lines = [
-        f"prediction:  {p.target_label or '?'}: final eval loss {_fmt(p.predicted_loss)}"
+        f"prediction:  {p.label}: final eval loss {_fmt(p.predicted_loss)}"
         + (
             f", {_percent(p.confidence)} interval [{_fmt(p.interval[0])}, {_fmt(p.interval[1])}]"
             if p.interval

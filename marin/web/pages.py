@@ -97,8 +97,6 @@ MAX_RESULT_ROWS = 200
 """Values shown from one results.json (flattened); the rest are counted, not shown."""
 MAX_CELL_CHARS = 300
 """A name or value of a results.json table longer than this is cut."""
-MAX_LABEL_CHARS = 200
-"""A prediction's target label longer than this is cut (prediction.json may hold 1 MiB)."""
 MAX_MANIFESTS = 1000
 """Experiment manifests one request reads (every page: `_Tree.experiments`), the most recently
 modified first (by the listing's times, which cost no read); the rest are named in a note.
@@ -576,7 +574,7 @@ class App:
         rows = [
             [
                 _path_link("step", p.step.relpath),
-                esc(_cut(p.target_label or "?", MAX_LABEL_CHARS)),
+                esc(p.label),
                 num(_fmt_or_dash(p.predicted_loss)),
                 num(_fmt_or_dash(p.actual_loss)),
                 num(f"{p.relative_error:+.2%}" if p.relative_error is not None else "-"),
@@ -600,7 +598,7 @@ class App:
         )
         rows = [
             ("prediction", self.step_link(p.step.path)),
-            ("target", esc(_cut(p.target_label or "?", MAX_LABEL_CHARS))),
+            ("target", esc(p.label)),
             ("predicted final eval loss", num(_fmt_or_dash(p.predicted_loss))),
             ("interval", num(interval)),
             ("written", esc(p.created_at or "?") + ("" if p.intact else " <b>EDITED since</b>")),

@@ -390,3 +390,18 @@ def test_many_predictions_and_a_step_of_many_inputs_are_read_in_one_pass(tmp_pat
     assert len(found) == 20
     assert reads == ["analysis/everything"]  # the one step of that kind: read once, not 20 times
     assert [p.step.path for p in found if p.report is not None] == [made[3]]
+
+
+def test_a_label_of_a_million_characters_is_cut_in_the_cli_too(tmp_path, capsys):
+    """prediction.json may hold 1 MiB: `marin predictions` and `marin show` printed the label
+    whole (the browser already cut it)."""
+    prefix = str(tmp_path / "tree")
+    path, record = write_prediction(prefix)
+    record["target"]["label"] = "L" * 1_000_000
+    write_json(path, "prediction.json", record)
+    assert marin(["predictions", "--prefix", prefix]) == 0
+    out = capsys.readouterr().out
+    assert "(1,000,000 characters)" in out and len(out) < 5_000
+    assert marin(["show", "--prefix", prefix, "predictions/big"]) == 0
+    out = capsys.readouterr().out
+    assert "(1,000,000 characters)" in out and "L" * 201 not in out
