@@ -764,6 +764,18 @@ MUTANTS = [
         "                pass",
         "tests/operations/test_shards_ray.py -k interrupt",
     ),
+    (
+        "marin/leaderboard.py",
+        "    if len(run.version_config) <= MAX_COMPARED_FIELDS:\n        return run.version_config",
+        "    if True:\n        return run.version_config",
+        "tests/marin/test_web_budgets.py -k compares_at_most",
+    ),
+    (
+        "marin/predictions.py",
+        "        if len(text) <= MAX_LABEL_CHARS:\n            return text",
+        "        if True:\n            return text",
+        "tests/marin/test_predictions.py -k million",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 
