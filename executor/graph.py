@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import field
 
@@ -63,8 +64,10 @@ from executor.steps import (
     OutputName,
     StepDefinitionError,  # defined in executor.resources; `from executor.graph import` keeps working
     VersionedValue,
+    check_hardcoded_path,
     check_input_sub_path,
     check_output_sub_path,
+    shown,
 )
 from executor.walker import UNBUILT, encode_mapped, map_markers
 
@@ -249,28 +252,37 @@ class StepGraph:
 
 def validate_declaration(step: Any, fn_kinds: dict[int, str | None] | None = None) -> None:
     """Raise StepDefinitionError if `step` cannot be a step at all. `fn_kinds`: what
-    `_not_plain_function` said of each function so far, by id (steps share functions; the
-    caller keeps the functions alive while the dict is in use)."""
+    `_fn_problem` said of each function so far, by id (steps share functions; the caller keeps
+    the functions alive while the dict is in use)."""
     if not isinstance(step, ExecutorStep):
         raise StepDefinitionError(f"expected an ExecutorStep, got {type(step).__name__}: {step!r}")
     # The name was checked when the step was built (ExecutorStep.__post_init__).
     fn = step.fn
     if fn_kinds is not None and id(fn) in fn_kinds:
-        kind = fn_kinds[id(fn)]
+        problem = fn_kinds[id(fn)]
     else:
         if not callable(fn):
-            raise StepDefinitionError(f"step {step.name!r}: fn must be callable, got {type(fn).__name__}")
-        kind = _not_plain_function(fn)
+            swapped = (
+                " (are fn and config swapped? it is ExecutorStep(name, fn, config))"
+                if callable(step.config) and _is_dataclass_instance(fn)
+                else ""
+            )
+            raise StepDefinitionError(
+                f"step {step.name!r}: fn must be callable, got {type(fn).__name__}{swapped}: give the "
+                "function to call with the config, fn(config)"
+            )
+        problem = _fn_problem(fn)
         if fn_kinds is not None:
-            fn_kinds[id(fn)] = kind
-    if kind is not None:
-        raise StepDefinitionError(
-            f"step {step.name!r}: fn {fn_qualname(step.fn)} is {kind}: calling it would only create "
-            f"{'a coroutine' if 'async' in kind else 'a generator'} and run none of its body. Use a plain "
-            "function (def, without yield) that does the work before it returns"
-        )
+            fn_kinds[id(fn)] = problem
+    if problem is not None:
+        raise StepDefinitionError(f"step {step.name!r}: fn {fn_qualname(step.fn)} {problem}")
     override = step.override_output_path
-    if override is not None and (not isinstance(override, str) or not _is_clean_path(override)):
+    if override is not None and not isinstance(override, str):
+        raise StepDefinitionError(
+            f"step {step.name!r}: override_output_path must be a string, got {shown(override)}: give the "
+            "path as text (relative paths are under the prefix)"
+        )
+    if override is not None and not _is_clean_path(override):
         raise StepDefinitionError(
             f"step {step.name!r}: override_output_path {override!r} is invalid: give a non-empty path "
             "without '.', '..' or empty parts (relative paths are under the prefix)"
@@ -306,6 +318,60 @@ _NOT_PLAIN_FLAGS = (
 
 def _is_dataclass_instance(value: Any) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _fn_problem(fn: Any) -> str | None:
+    """Why the callable `fn` cannot be a step function (the rest of a message that starts with
+    `fn module:qualname`); None when it can: not a generator or async function
+    (`_not_plain_function`), and callable with one positional argument, as `fn(config)`."""
+    kind = _not_plain_function(fn)
+    if kind is not None:
+        return (
+            f"is {kind}: calling it would only create {'a coroutine' if 'async' in kind else 'a generator'} "
+            "and run none of its body. Use a plain function (def, without yield) that does the work "
+            "before it returns"
+        )
+    if _surely_takes_one_argument(fn):
+        return None
+    try:
+        # Not through `__wrapped__`: a decorator may well take other arguments than what it wraps.
+        signature = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return None  # (a builtin without a signature: it says so itself when called)
+    try:
+        signature.bind(None)
+    except TypeError as error:
+        qualname = getattr(fn, "__qualname__", "")
+        method = ""
+        if list(signature.parameters)[:1] == ["self"] and "." in qualname:
+            owner, _, attribute = qualname.rpartition(".")
+            method = f" (a method taken from its class: pass it from an instance, {owner}().{attribute})"
+        return (
+            f"{signature} cannot be called as fn(config) ({error}){method}: the executor calls it with the "
+            "step's config as its one argument; define it as def f(config) (other parameters need defaults)"
+        )
+    return None
+
+
+def _surely_takes_one_argument(fn: Any) -> bool:
+    """Whether `fn` -- a Python function, a bound method of one or a functools.partial of one
+    without keywords -- can be called with one positional argument, read from its code object
+    (`inspect.signature` costs 10-30 us, and a sweep may make a function per step). False when
+    it cannot, or when `fn` is anything else: `inspect.signature` decides then."""
+    bound = 0
+    if type(fn) is functools.partial and not fn.keywords:
+        bound, fn = len(fn.args), fn.func
+    if type(fn) is types.MethodType:
+        bound, fn = bound + 1, fn.__func__
+    if type(fn) is not types.FunctionType:
+        return False
+    code = fn.__code__
+    if code.co_kwonlyargcount > len(fn.__kwdefaults__ or ()):
+        return False  # a keyword-only parameter without a default
+    count = code.co_argcount
+    if count <= bound:
+        return bool(code.co_flags & inspect.CO_VARARGS)
+    return count - len(fn.__defaults__ or ()) <= bound + 1
 
 
 def _not_plain_function(fn: Any) -> str | None:
@@ -358,13 +424,18 @@ def _find_markers(step: ExecutorStep) -> list[Marker]:
     return found
 
 
-def _upstream(markers: list[Marker]) -> list[ExecutorStep]:
-    """The upstream steps the markers refer to, in field order."""
+def _upstream(markers: list[Marker], step: ExecutorStep) -> list[ExecutorStep]:
+    """The upstream steps the markers of `step` refer to, in field order."""
     found = []
-    for marker, _, _ in markers:
+    for marker, path, _ in markers:
         if isinstance(marker, ExecutorStep):
             found.append(marker)
         elif isinstance(marker, InputName) and marker.step is not None:
+            if not isinstance(marker.step, ExecutorStep):  # InputName(...) built around something else
+                raise StepDefinitionError(
+                    f"step {step.name!r}, field {path!r}: the input's step is {shown(marker.step)}, not an "
+                    "ExecutorStep; write output_path_of(step) (or step / 'sub') with the step itself"
+                )
             found.append(marker.step)
     return found
 
@@ -396,7 +467,7 @@ def _collect(roots: Iterable[ExecutorStep]) -> tuple[list[ExecutorStep], dict[in
             inputs = inputs_cache.get(id(node))
             if inputs is None:
                 found = markers[id(node)] = _find_markers(node)
-                inputs = inputs_cache[id(node)] = _upstream(found)
+                inputs = inputs_cache[id(node)] = _upstream(found, node)
             if index < len(inputs):
                 stack[-1] = (node, index + 1)
                 child = inputs[index]
@@ -471,10 +542,12 @@ class _VersionBuilder:
                 # Refused where `step / "sub"` is made; InputName(step, "sub") itself is not checked.
                 check_input_sub_path(marker.step, marker.name, f"step {self.step.name!r}, field {path!r}: ")
             if marker.step is None:
-                if not marker.name:
-                    raise StepDefinitionError(
-                        f"step {self.step.name!r}, field {path!r}: empty hard-coded path"
-                    )
+                # Refused by InputName.hardcoded(); InputName(None, path) itself is not checked.
+                check_hardcoded_path(
+                    marker.name,
+                    f"the hard-coded path {marker.name!r}",
+                    f"step {self.step.name!r}, field {path!r}: ",
+                )
                 self.record(path, marker.name)
                 return
             upstream = self.resolved[id(marker.step)]

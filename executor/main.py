@@ -47,6 +47,7 @@ from executor.lease import LeaseConfig
 from executor.outcomes import ExecutorRunError
 from executor.plan import RunOnlyError, compile_run_only
 from executor.records import dataclass
+from executor.step_errors import StepDefinitionError
 from executor.steps import ExecutorStep, InputName
 
 DEFAULT_PREFIX = "./marin-output"
@@ -174,6 +175,8 @@ def executor_main(steps: list[ExecutorStep | InputName], description: str | None
             ray_address=config.ray_address,
             **({} if config.max_retries is None else {"max_retries": config.max_retries}),
         )
+    except StepDefinitionError as error:  # the script's own mistake (its description), as a step's
+        _exit(str(error), EXIT_FAILED)
     except ValueError as error:  # an empty prefix
         _exit(str(error), EXIT_USAGE)
     except OSError as error:  # StoreError: no filesystem for the prefix's scheme

@@ -21,7 +21,10 @@ A step's name is checked when the step is built (see `check_step_name`): it beco
 path under the prefix, so it must be one unambiguously. So are the sub-paths given to
 `step / "sub"`, `output_path_of(step, "sub")` and `this_output_path("sub")` (see
 `sub_path_problem`): relative, without '.', '..' or empty parts, so that no input or
-output leads out of its step's output directory. Mistakes raise `StepDefinitionError`.
+output leads out of its step's output directory. So are a hard-coded input path (see
+`hardcoded_path_problem`: a relative one stays under the prefix), a step's `description` (a
+string, at most `MAX_DESCRIPTION_CHARS`) and `pip_dependency_groups` (a list of strings), and
+what `output_path_of` is given (a step). Mistakes raise `StepDefinitionError`.
 """
 
 from __future__ import annotations
@@ -146,6 +149,106 @@ def _name_problem(name: str) -> str | None:
     return None
 
 
+MAX_DESCRIPTION_CHARS = 1 << 16
+"""Longest `description` (65,536 characters): it is recorded in the step's `.executor_info` and in
+every experiment manifest; a few lines describe a step, a longer text belongs in a file."""
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """`value`'s type and a repr cut to `limit` characters, for messages."""
+    text = repr(value)
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    kind = type(value).__name__
+    return text if value is None or text.startswith(kind) else f"{kind} {text}"
+
+
+def _check_description_and_groups(step: ExecutorStep) -> None:
+    """Raise StepDefinitionError unless `description` is None or a string of at most
+    MAX_DESCRIPTION_CHARS, and `pip_dependency_groups` None or a list (or tuple) of strings.
+    (Both are recorded as JSON: anything else failed the run when its manifest was written.)"""
+    description = step.description
+    if description is not None:
+        if not isinstance(description, str):
+            raise StepDefinitionError(
+                f"step {step.name!r}: description must be a string or None, got {shown(description)}; "
+                "describe the step in a few words of text"
+            )
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            raise StepDefinitionError(
+                f"step {step.name!r}: description is {len(description):,} characters, over the limit of "
+                f"{MAX_DESCRIPTION_CHARS:,}: it is recorded in the step's .executor_info and in every "
+                "experiment manifest. Describe the step in a few lines and keep longer text in a file"
+            )
+    groups = step.pip_dependency_groups
+    if groups is None:
+        return
+    if not isinstance(groups, (list, tuple)):
+        got = shown(groups)
+    else:
+        bad = [group for group in groups if not isinstance(group, str)]
+        if not bad:
+            return
+        got = f"a list holding {shown(bad[0])}"
+    raise StepDefinitionError(
+        f"step {step.name!r}: pip_dependency_groups must be None or a list of dependency group names "
+        f"(strings), like ['tokenize'], got {got}"
+    )
+
+
+_HARDCODED_FORM = (
+    "give a path relative to the prefix, without '.', '..' or empty parts (like 'raw/dclm'), or an "
+    "absolute path or URL"
+)
+
+
+def hardcoded_path_problem(path: Any) -> str | None:
+    """Why `path` cannot be a hard-coded input path; None when it can.
+
+    A string; absolute paths and URLs are taken as written, a relative path is joined to the
+    prefix, so it may not have a '..' part (`../x` would read outside the prefix), nor a '.' or
+    empty part (the same rules as a sub-path). A trailing '/' is kept as written.
+    """
+    if not isinstance(path, str):
+        return f"the path must be a string, got {type(path).__name__}"
+    if not path:
+        return "the path is empty"
+    if path.startswith("/") or "://" in path:
+        return None
+    wrapped = f"/{path.rstrip('/')}/"
+    if "/../" in wrapped:
+        return "the relative path has a '..' part, which leads out of the prefix"
+    if "/./" in wrapped:
+        return "the relative path has a '.' part"
+    if "//" in wrapped:
+        return "the relative path has an empty part ('//')"
+    return None
+
+
+def check_hardcoded_path(path: Any, label: str | None = None, where: str = "") -> None:
+    """Raise StepDefinitionError unless `path` may be a hard-coded input path (see
+    `hardcoded_path_problem`). `label`: how the message names it (`InputName.hardcoded(path)`)."""
+    problem = hardcoded_path_problem(path)
+    if problem is not None:
+        label = label if label is not None else f"InputName.hardcoded({path!r})"
+        raise StepDefinitionError(f"{where}{label}: {problem}: {_HARDCODED_FORM}")
+
+
+def _not_a_step(value: Any) -> str:
+    """The message for `output_path_of(value)` with a value that is not an ExecutorStep."""
+    if isinstance(value, InputName) and value.step is not None:
+        hint = (
+            "it is already an input; for a path inside a step's output write "
+            "output_path_of(step, 'sub/path') or step / 'sub'"
+        )
+    elif isinstance(value, str):
+        hint = "pass the step itself (what ExecutorStep(...) returned), not its name or path"
+    elif value is None:
+        hint = "the step is None (does the function that should make it return it?)"
+    else:
+        hint = "pass the step itself (what ExecutorStep(...) returned)"
+    return f"output_path_of() takes an ExecutorStep, got {shown(value)}: {hint}"
+
+
 def _join(base: str | None, sub: str | None) -> str | None:
     if not base:
         return sub or None
@@ -227,13 +330,13 @@ class ExecutorStep(Generic[ConfigT]):
     (`InputName`s) determine the step's version."""
 
     description: str | None = None
-    """Free text shown in plans and recorded in `.executor_info`."""
+    """Free text shown in plans and recorded in `.executor_info` (at most MAX_DESCRIPTION_CHARS)."""
 
     override_output_path: str | None = None
     """Write here instead of `<prefix>/<name>-<hash>`; relative paths are under the prefix."""
 
     pip_dependency_groups: list[str] | None = None
-    """Optional-dependency groups the step needs (used by remote backends)."""
+    """Optional-dependency groups the step needs (used by remote backends): a list of names."""
 
     resources: ResourceConfig | dict[str, Any] | None = None
     """What the step asks the cluster for: a `ResourceConfig` (e.g.
@@ -244,6 +347,12 @@ class ExecutorStep(Generic[ConfigT]):
         check_step_name(self.name)
         if self.resources is not None:
             _check_resources(self)
+        description = self.description
+        if (
+            description is not None
+            and (type(description) is not str or len(description) > MAX_DESCRIPTION_CHARS)
+        ) or self.pip_dependency_groups is not None:
+            _check_description_and_groups(self)
 
     def cd(self, name: str) -> InputName:
         """The sub-path `name` of this step's output, as an input for another step."""
@@ -312,6 +421,8 @@ class InputName:
         joined = _join(self.name, name)
         if self.step is not None:
             check_input_sub_path(self.step, joined)
+        else:
+            check_hardcoded_path(joined, f"InputName.hardcoded({self.name!r}).cd({name!r}) gives {joined!r}")
         return dataclasses.replace(self, name=joined)
 
     def __truediv__(self, name: str) -> InputName:
@@ -322,7 +433,9 @@ class InputName:
 
     @staticmethod
     def hardcoded(path: str) -> InputName:
-        """An input path not produced by any step (relative paths are under the prefix)."""
+        """An input path not produced by any step (relative paths are under the prefix; see
+        `hardcoded_path_problem`)."""
+        check_hardcoded_path(path)
         return InputName(None, path)
 
     def __repr__(self) -> str:
@@ -333,8 +446,9 @@ class InputName:
 
 def output_path_of(step: ExecutorStep, name: str | None = None) -> InputName:
     """The output path of `step` (optionally a sub-path), as an input for another step."""
-    if isinstance(step, ExecutorStep):
-        check_input_sub_path(step, name)
+    if not isinstance(step, ExecutorStep):
+        raise StepDefinitionError(_not_a_step(step))
+    check_input_sub_path(step, name)
     return InputName(step, name)
 
 

@@ -58,7 +58,15 @@ from pathlib import PurePath
 from types import FunctionType, ModuleType
 
 from executor.fingerprint import canonical_json
-from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue, mirrored
+from executor.steps import (
+    ExecutorStep,
+    InputName,
+    MirroredValue,
+    OutputName,
+    StepDefinitionError,
+    VersionedValue,
+    mirrored,
+)
 from executor.store import is_within
 
 TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
@@ -397,7 +405,10 @@ def _decode(record: Any, input_step: Callable[[str], ExecutorStep], path: str, p
         marker = InputName(step, _expect(record.get("name"), (str, type(None)), path, "'name'"))
         return marker.nonblocking() if record.get("nonblocking") else marker
     if "__hardcoded__" in record:
-        return InputName.hardcoded(_expect(record["__hardcoded__"], str, path, "'__hardcoded__'"))
+        try:  # hardcoded() refuses a path leading out of the prefix: the tree is untrusted
+            return InputName.hardcoded(_expect(record["__hardcoded__"], str, path, "'__hardcoded__'"))
+        except StepDefinitionError as error:
+            raise TemplateError(f"{_at(path)}: {error}") from None
     if "__output__" in record:
         return OutputName(_expect(record["__output__"], (str, type(None)), path, "'__output__'"))
     if "__versioned__" in record:

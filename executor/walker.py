@@ -11,18 +11,31 @@ mapped config without building it, for the config digest of a step nobody runs.
 
 The walk refuses configs nested more than `MAX_DEPTH` containers deep (see
 `executor.fingerprint`) with a `ConfigTooDeepError` naming the field, before Python's
-recursion limit could turn it into a RecursionError.
+recursion limit could turn it into a RecursionError. It also refuses, with a
+`MisplacedMarkerError` naming the field, a marker where it cannot be replaced -- inside a set
+(or frozenset), or in a dict key -- and the functions `this_output_path` and `output_path_of`
+given without calling them: each would reach the step function as it is, and an input there
+would be neither waited for nor part of the version.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 from collections.abc import Callable
 from pathlib import PurePath
 
 from executor.fingerprint import MAX_DEPTH, encode, encode_key, short_path
-from executor.steps import ExecutorStep, InputName, MirroredValue, OutputName, VersionedValue
+from executor.steps import (
+    ExecutorStep,
+    InputName,
+    MirroredValue,
+    OutputName,
+    VersionedValue,
+    output_path_of,
+    this_output_path,
+)
 
 TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
 if TYPE_CHECKING:
@@ -36,6 +49,49 @@ MarkerCallback = Callable[[object, str, int], object]
 
 class ConfigTooDeepError(ValueError):
     """A config nests containers more than MAX_DEPTH deep."""
+
+
+class MisplacedMarkerError(ValueError):
+    """A marker where the walk cannot replace it (a set, a dict key), or a placeholder function
+    given without calling it."""
+
+
+def describe_marker(marker: Any) -> str:
+    """How a marker was written, for messages: `output_path_of(step 'a', 'x')`, `versioned(1)`..."""
+    if isinstance(marker, ExecutorStep):
+        return f"the step {marker.name!r}"
+    if isinstance(marker, InputName):
+        if marker.step is None:
+            return f"InputName.hardcoded({marker.name!r})"
+        step = marker.step
+        owner = f"step {step.name!r}" if isinstance(step, ExecutorStep) else repr(step)
+        return f"output_path_of({owner}" + (f", {marker.name!r})" if marker.name else ")")
+    if isinstance(marker, OutputName):
+        return f"this_output_path({marker.name!r})" if marker.name else "this_output_path()"
+    if isinstance(marker, MirroredValue):
+        return f"mirrored({marker.relative_path!r})"
+    text = repr(marker.value)
+    return f"versioned({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _refuse_in_set(marker: Any, path: str, depth: int) -> Any:
+    field = path.split("[*]", 1)[0]  # (the set's own field: its items are at `field[*]`)
+    raise MisplacedMarkerError(
+        f"config field {short_path(field) or '<root>'!r} holds {describe_marker(marker)} inside a set: only dataclass "
+        "fields, list and tuple items and dict values are filled in, so it would reach the step as it "
+        "is (an input neither waited for nor in the version); use a list or a tuple"
+    )
+
+
+def _refuse_in_key(path: str) -> MarkerCallback:
+    def refuse(marker: Any, inner: str, depth: int) -> Any:
+        raise MisplacedMarkerError(
+            f"config field {short_path(path) or '<root>'!r} has {describe_marker(marker)} in a dict key: "
+            "only dict values are filled in, so the key would stay as it is (an input neither waited "
+            "for nor in the version); make it a value, e.g. {'train': output_path_of(step)}"
+        )
+
+    return refuse
 
 
 def child_path(path: str, key: str | int) -> str:
@@ -103,12 +159,13 @@ def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int 
                 items[index] = new
         if items is None:
             return obj
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-            return type(obj)(*items)
-        return type(obj)(items)
+        kind_is_exact = kind is list or kind is tuple
+        return type(obj)(items) if kind_is_exact else _rebuild(obj, items, path)
     if isinstance(obj, dict):
         out = None
         for key, value in obj.items():
+            if type(key) not in _LEAVES:  # (an enum, a tuple...: no marker may hide in it)
+                map_markers(key, _refuse_in_key(path), path, depth)
             if type(value) in _LEAVES:
                 continue
             new = map_markers(value, on_marker, child_path(path, str(key)), depth)
@@ -118,10 +175,17 @@ def map_markers(obj: Any, on_marker: MarkerCallback, path: str = "", depth: int 
                 out[key] = new
         if out is None:
             return obj
-        return type(obj)(out) if type(obj) is not dict else out
-    if isinstance(obj, (set, frozenset)):  # markers cannot be replaced inside a set: only check the depth
+        return out if type(obj) is dict else _rebuild(obj, out, path)
+    if isinstance(obj, (set, frozenset)):  # markers cannot be replaced inside a set: refused
         for item in obj:
-            map_markers(item, _unchanged, f"{path}[*]", depth)
+            map_markers(item, _refuse_in_set, f"{path}[*]", depth)
+        return obj
+    if obj is this_output_path or obj is output_path_of:
+        call = "this_output_path()" if obj is this_output_path else "output_path_of(step)"
+        raise MisplacedMarkerError(
+            f"config field {short_path(path) or '<root>'!r} holds the function {obj.__name__} itself, not "
+            f"what it returns: call it, {call}"
+        )
     return obj
 
 
@@ -137,6 +201,26 @@ _PLAIN: dict[type, bool] = {}
 _EXACT_MARKERS = frozenset(MARKER_TYPES)
 
 
+def _rebuild(obj: Any, items: Any, path: str) -> Any:
+    """A subclass of list, tuple or dict, rebuilt around `items` (a list, or a dict) as its own
+    class: a namedtuple from its fields, a defaultdict with its default factory, any other by
+    calling the class with the items. A class that cannot be made so is refused, naming the field."""
+    kind = type(obj)
+    try:
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+            return kind(*items)
+        if isinstance(obj, collections.defaultdict):
+            return kind(obj.default_factory, items)
+        return kind(items)
+    except TypeError as error:
+        base = "dict" if isinstance(obj, dict) else "list"
+        raise MisplacedMarkerError(
+            f"config field {short_path(path) or '<root>'!r} is a {kind.__name__} holding placeholders, "
+            f"which cannot be made again with their paths filled in ({kind.__name__}(items): {error}); "
+            f"use a plain {base}"
+        ) from None
+
+
 def _replace(obj: Any, kind: type, fields: tuple[tuple[str, bool], ...], changes: dict[str, Any]) -> Any:
     """`dataclasses.replace(obj, **changes)`; for a class without InitVar or ClassVar
     pseudo-fields, the same call of its constructor without `replace`'s per-field checks
@@ -145,10 +229,6 @@ def _replace(obj: Any, kind: type, fields: tuple[tuple[str, bool], ...], changes
         return dataclasses.replace(obj, **changes)
     values = {name: changes[name] if name in changes else getattr(obj, name) for name, init in fields if init}
     return kind(**values)
-
-
-def _unchanged(marker: Any, path: str, depth: int) -> Any:
-    return marker
 
 
 UNBUILT = object()

@@ -116,6 +116,16 @@ def test_refusals_name_the_nested_field():
     )
 
 
+@pytest.mark.parametrize("recorded", ["../outside", "raw/../../x", "raw//x"])
+def test_a_recorded_hardcoded_path_out_of_the_prefix_is_refused_naming_the_field(recorded):
+    """A hand-edited tree's `__hardcoded__` path leading out of the prefix: `InputName.hardcoded`
+    refuses it (StepDefinitionError), which reproduce showed as a traceback; before that check
+    it was silently read outside the prefix."""
+    message = _refusal({"a": {"__hardcoded__": recorded}}, "cfg")
+    assert message.startswith("field 'cfg.a': "), message
+    assert decode_template({"a": {"__hardcoded__": "raw/x"}}, no_input)["a"].name == "raw/x"
+
+
 def test_a_record_nested_too_deeply_names_where_decoding_started():
     record: object = 1
     for _ in range(5000):
