@@ -776,6 +776,42 @@ MUTANTS = [
         "        if True:\n            return text",
         "tests/marin/test_predictions.py -k million",
     ),
+    (
+        "executor/walker.py",
+        '            map_markers(item, _refuse_in_set, f"{path}[*]", depth)',
+        "            pass",
+        "tests/executor/test_declaration_mistakes.py -k inside_a_set",
+    ),
+    (
+        "executor/walker.py",
+        "    if obj is this_output_path or obj is output_path_of:",
+        "    if False:",
+        "tests/executor/test_declaration_mistakes.py -k without_calling",
+    ),
+    (
+        "executor/graph.py",
+        "    try:\n        signature.bind(None)\n",
+        "    try:\n        signature.bind(None, None) if False else None\n",
+        "tests/executor/test_declaration_mistakes.py -k cannot_take_the_config",
+    ),
+    (
+        "executor/steps.py",
+        '    if "/../" in wrapped:',
+        "    if False:",
+        "tests/executor/test_declaration_mistakes.py -k hard_coded",
+    ),
+    (
+        "executor/template.py",
+        '        except StepDefinitionError as error:\n            raise TemplateError(f"{_at(path)}: {error}") from None',
+        '        except KeyError as error:\n            raise TemplateError(f"{_at(path)}: {error}") from None',
+        "tests/executor/test_mutants_template.py -k hardcoded",
+    ),
+    (
+        "executor/executor.py",
+        "        if description is not None and (type(description) is not str or len(description) > MAX_DESCRIPTION_CHARS):",
+        "        if False:",
+        "tests/executor/test_declaration_mistakes.py -k experiment_description",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 
