@@ -413,8 +413,8 @@ MUTANTS = [
     ),
     (
         "executor/graph.py",
-        "        kind = _not_plain_function(fn)\n",
-        "        kind = None\n",
+        "    kind = _not_plain_function(fn)\n",
+        "    kind = None\n",
         "tests/executor/test_declaration_checks.py",
     ),
     (
@@ -464,7 +464,7 @@ MUTANTS = [
         "executor/executor.py",
         "        _refuse_manifests_inside_an_output(graph, self.executor_info_base_path)\n",
         "",
-        "tests/executor/test_flags.py",
+        "tests/executor/test_runner.py -k base_path_inside",
     ),
     # Twelfth session: survivors of the mutmut sample, pinned by new in-process tests.
     (
@@ -646,7 +646,7 @@ MUTANTS = [
     ),
     (
         "executor/tree.py",
-        "        if found is None and os.path.islink(local):",
+        "        if found is None and not absent and os.path.islink(local):",
         "        if False:",
         "tests/executor/test_temp_files_after_failure.py -k refused",
     ),

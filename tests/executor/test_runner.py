@@ -354,6 +354,20 @@ def test_the_manifest_is_the_compact_dump_of_its_record_with_each_steps_own_outc
     ]
 
 
+def test_executor_info_base_path_inside_a_steps_output_is_refused_before_anything_runs(tmp_path):
+    """Through the API (executor_main refuses the flag itself, exit 2): manifests inside a
+    step's output would mix with its files and go with it when the output is removed."""
+    from executor.graph import resolve
+
+    a = write_step("a", 1)
+    base = resolve([a], str(tmp_path / "out")).resolved(a).output_path + "/manifests"
+    run = Executor(str(tmp_path / "out"), base, console=False)
+    with pytest.raises(ValueError, match=r"executor_info_base_path .* is inside the output of step 'a'"):
+        run.run([a])
+    assert CALLS == {}
+    assert not os.path.exists(base)
+
+
 def test_executor_info_base_path_moves_the_manifest(tmp_path):
     executor = Executor(str(tmp_path / "out"), str(tmp_path / "manifests"), console=False)
     executor.run([write_step("a", 1)])

@@ -312,6 +312,23 @@ def test_a_fifo_in_the_tree_is_refused_without_waiting_for_a_writer(prefix):
         server.shutdown()
 
 
+def test_a_fifo_swapped_in_after_the_check_is_refused_once_open(prefix, monkeypatch):
+    """A regular file at the check, a FIFO by the open (someone swapped it in between): the
+    file is opened without blocking and checked again, so the request is still refused at once
+    (the check before the open is skipped here to stand for the swap)."""
+    from marin.web import files
+
+    os.mkfifo(prefix / "swapped.jsonl")
+    monkeypatch.setattr(files, "_check_regular", lambda target: None)
+    server = start_server(str(prefix), port=0).start_in_thread()
+    try:
+        status, body = get(server.port, "/raw/swapped.jsonl", timeout=10)
+        assert status == 403 and b"not a regular file" in body
+        assert get(server.port, "/raw/hello.txt") == (200, b"hello\n")
+    finally:
+        server.shutdown()
+
+
 def test_a_socket_in_the_tree_is_refused_by_the_viewer_and_raw(prefix, monkeypatch):
     monkeypatch.chdir(prefix)  # a relative name: a socket path may not be longer than 107 bytes
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
