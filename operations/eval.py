@@ -36,6 +36,8 @@ import dataclasses
 import json
 import logging
 import math
+import numbers
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -44,9 +46,9 @@ import fsspec
 
 from operations import run_records
 from operations.buckets import configure as configure_buckets
-from operations.buckets import using_input_copies
-from operations.shards import join, read_json, write_json_atomic, write_stats
-from operations.train import LlamaSpec
+from operations.buckets import is_bucket, using_input_copies
+from operations.shards import is_local, join, read_json, write_json_atomic, write_stats
+from operations.train import LlamaSpec, check_model, check_tokenizer_files
 
 logger = logging.getLogger(__name__)
 
@@ -123,10 +125,18 @@ def _check(config: EvalConfig) -> None:
         raise ValueError("EvalConfig.datasets is empty: give at least one {name: tokenized path}")
     if not config.output_path:
         raise ValueError("EvalConfig.output_path is empty")
-    if config.batch_size < 1 or (config.max_eval_batches is not None and config.max_eval_batches < 1):
+    if not _is_count(config.batch_size) or not (
+        config.max_eval_batches is None or _is_count(config.max_eval_batches)
+    ):
         raise ValueError(
-            f"EvalConfig.batch_size={config.batch_size}, max_eval_batches={config.max_eval_batches}: must be >= 1"
+            f"EvalConfig.batch_size={config.batch_size!r}, max_eval_batches={config.max_eval_batches!r}: must be "
+            "integers >= 1 (max_eval_batches None: all of each domain)"
         )
+    if not (config.seq_len is None or _is_count(config.seq_len)):
+        raise ValueError(
+            f"EvalConfig.seq_len={config.seq_len!r}: must be an integer >= 1, or None (the model's)"
+        )
+    check_model(config.model, "EvalConfig.model")
     from operations.tokenize import cache_finished
 
     for name, path in config.datasets.items():
@@ -135,6 +145,22 @@ def _check(config: EvalConfig) -> None:
                 f"EvalConfig.datasets[{name!r}]={path!r}: no finished Levanter cache at {join(path, VALIDATION_DIR)} "
                 "(run operations.tokenize on the domain's documents first)"
             )
+    tokenizer = config.tokenizer
+    local = (
+        isinstance(tokenizer, str)
+        and is_local(tokenizer)
+        and os.path.isdir(tokenizer.removeprefix("file://"))
+    )
+    if not (local or (isinstance(tokenizer, str) and is_bucket(tokenizer))):
+        raise ValueError(
+            f"EvalConfig.tokenizer={tokenizer!r}: must be a tokenizer directory, local or on s3:// / gs:// (the "
+            "one the run trained with: its TrainConfig.tokenizer)"
+        )
+    check_tokenizer_files(tokenizer, "EvalConfig.tokenizer")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
 
 
 def checkpoint_step(checkpoint_path: str) -> tuple[str, int]:
@@ -154,6 +180,94 @@ def checkpoint_step(checkpoint_path: str) -> tuple[str, int]:
     return checkpoint_path, int(metadata["step"])
 
 
+def checkpoint_shapes(checkpoint: str) -> dict[str, tuple[int, ...]]:
+    """Shape of every array of a Levanter checkpoint's model, by Levanter's key path (dots):
+    read from the tensorstore (zarr) metadata, not the arrays."""
+    fs, root = fsspec.core.url_to_fs(join(checkpoint, "model"))
+    root = root.rstrip("/")
+    shapes = {}
+    for name in (".zarray", "zarr.json"):
+        for path in fs.glob(f"{root}/**/{name}"):
+            with fs.open(path, "r") as handle:
+                shape = json.load(handle).get("shape")
+            if shape is not None:  # (zarr 3 groups have a zarr.json too)
+                shapes[path[len(root) + 1 : -len(name) - 1].replace("/", ".")] = tuple(shape)
+    return shapes
+
+
+def check_checkpoint_shapes(config: EvalConfig, checkpoint: str, model: Any, vocab_size: int) -> None:
+    """Before loading: every array of the model that `config.model` and the tokenizer build is in
+    the checkpoint with the same shape, and the checkpoint has no other. Levanter would raise a
+    shape error from deep inside Haliax, or -- for a checkpoint with an output head that a tied
+    model lacks -- load what fits and evaluate another model than the one trained."""
+    import haliax as hax
+    import jax.tree_util as jtu
+    from levanter.utils.jax_utils import leaf_key_paths
+
+    def leaf(value: Any) -> bool:
+        return value is None or hax.is_named_array(value)
+
+    keys = jtu.tree_leaves(leaf_key_paths(model, is_leaf=leaf), is_leaf=lambda value: value is None)
+    arrays = jtu.tree_leaves(model, is_leaf=leaf)
+    expected = {
+        key: tuple(array.array.shape) for key, array in zip(keys, arrays, strict=True) if array is not None
+    }
+    found = checkpoint_shapes(checkpoint)
+    if not found:
+        raise FileNotFoundError(
+            f"EvalConfig.checkpoint_path={config.checkpoint_path!r}: {checkpoint} has no model arrays (model/ is "
+            "missing or empty): an incomplete checkpoint; point it at another step-N"
+        )
+    differing = sorted(key for key in expected.keys() & found.keys() if expected[key] != found[key])
+    if not differing and expected.keys() == found.keys():
+        return
+    embeddings = "embeddings.token_embeddings.weight"
+    there, here = found.get(embeddings), expected.get(embeddings)
+    if there and here and there[0] != here[0] and there[1:] == here[1:]:
+        rounded = f" (rounded up to {here[0]} for the devices)" if here[0] != vocab_size else ""
+        raise ValueError(
+            f"EvalConfig.tokenizer={config.tokenizer!r} has {vocab_size} tokens{rounded}, but the checkpoint "
+            f"{checkpoint} has a vocabulary of {there[0]}: give the tokenizer the run trained with"
+        )
+    held = _described_shape(found)
+    differing_fields = [
+        f"{name}: {value} in the checkpoint, {getattr(config.model, name)} in EvalConfig.model"
+        for name, value in held.items()
+        if getattr(config.model, name) != value
+    ]
+    if not differing_fields:  # (not Levanter's Llama layout, or a difference the shape fields do not show)
+        differing_fields = [
+            f"{key}: {found[key]} in the checkpoint, {expected[key]} here" for key in differing
+        ]
+        differing_fields += [
+            f"{key}: not in the checkpoint" for key in sorted(expected.keys() - found.keys())
+        ]
+        differing_fields += [
+            f"{key}: only in the checkpoint" for key in sorted(found.keys() - expected.keys())
+        ]
+    raise ValueError(
+        f"EvalConfig.model does not describe the checkpoint {checkpoint} ({'; '.join(differing_fields[:4])}"
+        f"{'; ...' if len(differing_fields) > 4 else ''}): give the TrainConfig.model of the run"
+    )
+
+
+def _described_shape(found: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The LlamaSpec fields a checkpoint's arrays show (Levanter's Llama layout); {} when they do not."""
+    query = found.get("transformer.layers.stacked.self_attn.q_proj.weight")
+    gate = found.get("transformer.layers.stacked.mlp.gate_proj.weight")
+    if query is None or gate is None or len(query) != 5 or len(gate) != 3:
+        return {}
+    layers, kv_heads, per_group, _head_size, hidden = query
+    return {
+        "hidden_dim": hidden,
+        "intermediate_dim": gate[1],
+        "num_layers": layers,
+        "num_heads": kv_heads * per_group,
+        "num_kv_heads": kv_heads,
+        "tie_word_embeddings": "lm_head.weight" not in found,
+    }
+
+
 def compute_results(config: EvalConfig) -> dict[str, Any]:
     """Load the checkpoint, run Levanter's TaggedEvaluator over the domains, return results.json's content."""
     import equinox as eqx
@@ -169,6 +283,7 @@ def compute_results(config: EvalConfig) -> dict[str, Any]:
     from levanter.utils.jax_utils import use_cpu_device
 
     from operations.tokenize import lm_data_config
+    from operations.train import check_vocabulary
 
     checkpoint, step = checkpoint_step(config.checkpoint_path)
     precision = config.mixed_precision
@@ -193,6 +308,10 @@ def compute_results(config: EvalConfig) -> dict[str, Any]:
     names = list(config.datasets)
     data_configs = {name: lm_data_config(path, config.tokenizer) for name, path in config.datasets.items()}
     tokenizer = data_configs[names[0]].the_tokenizer
+    for name, path in config.datasets.items():
+        check_vocabulary(
+            path, config.tokenizer, len(tokenizer), "EvalConfig.tokenizer", f"EvalConfig.datasets[{name!r}]"
+        )
     tagged = [(data_configs[name].validation_set(Pos), [name]) for name in names]
 
     compute_mapping = trainer.compute_axis_mapping
@@ -229,6 +348,7 @@ def compute_results(config: EvalConfig) -> dict[str, Any]:
         Vocab = round_axis_for_partitioning(hax.Axis("vocab", len(tokenizer)), parameter_mapping)
         with use_cpu_device():
             model = eqx.filter_eval_shape(model_config.build, Vocab, key=jax.random.PRNGKey(0))
+            check_checkpoint_shapes(config, checkpoint, model, len(tokenizer))
             model = load_checkpoint(model, checkpoint, subpath="model", discover_latest=False)
         model = hax.shard_with_axis_mapping(model, parameter_mapping)
         result = evaluator.evaluate(model)

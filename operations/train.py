@@ -35,6 +35,14 @@ a final checkpoint, when the data runs out: `train` refuses such a config up fro
 state (`SimpleTrainConfig.initialize_from_checkpoint_path`: weights, optimizer state and step)
 or weights (`initialize_from_hf`: a Hugging Face export).
 
+Bad input: a `LlamaSpec` Levanter cannot build is refused when it is made (`check_model`);
+`train` refuses a bad config with one line naming the field before anything is read or written
+(`_check`: types and ranges of every setting), and before Levanter is called: a tokenized path
+that is not a finished tokenize output (`check_tokenized`), too little data
+(`_check_enough_data`), a tokenizer other than the data's (`check_vocabulary`), a batch that
+does not divide over the devices (`_check_batch_fits_devices`). docs/gpu.md lists them, with
+what each did before.
+
 Buckets: the output (and the tokenized data and tokenizer) may be on `s3://` or `gs://`,
 configured by the standard variables only (see `operations.buckets`, which also fixes JAX's
 tensorstore specs for `s3://`). Checkpoints go straight to the bucket through tensorstore;
@@ -87,6 +95,8 @@ import functools
 import hashlib
 import json
 import logging
+import math
+import numbers
 import os
 import re
 import shutil
@@ -176,10 +186,17 @@ class LlamaSpec:
     """Key/value heads (grouped-query attention); num_heads must divide by it."""
 
     seq_len: int = 1024
-    """Context length the model is built for (training may use a shorter one)."""
+    """Context length the model is built for. Training may use another
+    (`SimpleTrainConfig.seq_len`): the model has no table of positions (rotary embeddings), so
+    it is built at the training length, which its HF export records as max_position_embeddings."""
 
     tie_word_embeddings: bool = False
     """Share the input embedding and the output head."""
+
+    def __post_init__(self) -> None:
+        # A shape Levanter cannot build fails here, where the experiment declares it, not in a
+        # traceback from deep inside Haliax once the step runs (see `check_model`).
+        check_model(self, type(self).__name__)
 
     def parameter_count(self, vocab_size: int) -> int:
         """Parameters of the model for `vocab_size` (embeddings, attention, MLP, RMSNorm weights)."""
@@ -417,15 +434,24 @@ def _train(config: TrainConfig) -> None:
         logger.info("train: %s already finished (checkpoint at step %d)", config.output_path, resume_step)
         return
 
+    check_tokenized(config.tokenized_path, "TrainConfig.tokenized_path")
     _check_enough_data(config)
+    check_vocabulary(
+        config.tokenized_path,
+        config.tokenizer,
+        loaded_vocab_size(config.tokenizer, "TrainConfig.tokenizer"),
+        "TrainConfig.tokenizer",
+        "TrainConfig.tokenized_path",
+    )
     if resume_step is None:  # a run with a checkpoint of its own resumes from it
         _check_initial_state(config)
     primary = primary_process()  # starts jax.distributed in a process of a gang
+    devices = announce_devices()
+    _check_batch_fits_devices(config.train, devices)
     if primary:
         _truncate_metrics(join(config.output_path, METRICS_FILE), resume_step)
     from levanter.main.train_lm import main
 
-    devices = announce_devices()
     if primary:
         _log_devices(config, devices, 0 if resume_step is None else resume_step + 1)
 
@@ -619,10 +645,16 @@ def announce_devices() -> dict[str, Any]:
 
 
 def _check(config: TrainConfig) -> None:
+    """Refuse bad settings before anything is read, written or compiled: one line naming the field."""
     train = config.train
-    for name in ("train_batch_size", "num_train_steps", "steps_per_eval", "steps_per_checkpoint"):
-        if getattr(train, name) < 1:
-            raise ValueError(f"SimpleTrainConfig.{name}={getattr(train, name)}: must be >= 1")
+    if not isinstance(train, SimpleTrainConfig):
+        raise ValueError(
+            f"TrainConfig.train: an operations.train.SimpleTrainConfig, got {type(train).__module__}."
+            f"{type(train).__qualname__} (marin.models.SimpleTrainConfig converts with .to_train_settings(); "
+            "default_train does that)"
+        )
+    check_model(config.model, "TrainConfig.model")
+    _check_schedule(train)
     if train.lr_schedule not in LR_SCHEDULES:
         raise ValueError(
             f"SimpleTrainConfig.lr_schedule={train.lr_schedule!r}: one of {', '.join(LR_SCHEDULES)}"
@@ -659,17 +691,148 @@ def _check(config: TrainConfig) -> None:
             f"TrainConfig.output_path={config.output_path!r}: must be a local path, s3:// or gs:// "
             "(Levanter's checkpoints are written with tensorstore)"
         )
+    check_tokenizer_files(config.tokenizer, "TrainConfig.tokenizer")
+
+
+def check_tokenizer_files(tokenizer: str, field_name: str) -> None:
+    """A local tokenizer directory holds a tokenizer file (transformers' error for one that does
+    not lists every model type it knows: thousands of characters). Buckets are checked when read."""
+    from operations.tokenize import TOKENIZER_FILES
+
+    if not is_local(tokenizer):
+        return
+    path = tokenizer.removeprefix("file://")
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        raise ValueError(
+            f"{field_name}={tokenizer!r}: the directory has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, "
+            "...); give the output of a tokenizer step (operations.tokenizer)"
+        )
 
 
 def _check_optimizer(train: SimpleTrainConfig) -> None:
     for name in ("beta1", "beta2"):
         value = getattr(train, name)
-        if value is not None and not 0 <= value < 1:
-            raise ValueError(f"SimpleTrainConfig.{name}={value}: must be in [0, 1)")
-    for name in ("epsilon", "max_grad_norm", "decay", "rewarmup", "z_loss_weight"):
+        if value is not None and not (_is_number(value) and 0 <= value < 1):
+            raise ValueError(_number_error(f"SimpleTrainConfig.{name}", value, "must be in [0, 1)"))
+    for name in ("epsilon", "max_grad_norm", "z_loss_weight"):
         value = getattr(train, name)
-        if value is not None and value < 0:
-            raise ValueError(f"SimpleTrainConfig.{name}={value}: must be >= 0")
+        if value is not None and not (_is_number(value) and math.isfinite(value) and value >= 0):
+            raise ValueError(_number_error(f"SimpleTrainConfig.{name}", value, "must be >= 0"))
+    for name in ("decay", "rewarmup"):
+        _check_fraction_or_steps(train, name)
+
+
+def _check_schedule(train: SimpleTrainConfig) -> None:
+    """Counts, the learning rate and its schedule: what Levanter would otherwise take as given
+    (a negative rate trains uphill and succeeds), reject deep inside (a string rate, a negative
+    warm-up, an empty evaluation) or quietly read as its default (a seq_len of 0)."""
+    for name in ("train_batch_size", "num_train_steps", "steps_per_eval", "steps_per_checkpoint"):
+        _check_integer(train, name, 1)
+    _check_integer(train, "seq_len", 1, none="None: the model's seq_len")
+    _check_integer(train, "max_eval_batches", 1, none="None: the whole validation set")
+    _check_integer(train, "steps_per_export", 1, none="None: only at the end")
+    _check_integer(train, "epochs", 0)
+    _check_integer(train, "seed", None)
+    rate = train.learning_rate
+    if not (_is_number(rate) and math.isfinite(rate) and rate >= 0):
+        raise ValueError(
+            _number_error(
+                "SimpleTrainConfig.learning_rate",
+                rate,
+                "must be a finite number >= 0 (the peak AdamW rate, e.g. 3e-3)",
+            )
+        )
+    if not (_is_number(train.weight_decay) and math.isfinite(train.weight_decay) and train.weight_decay >= 0):
+        raise ValueError(_number_error("SimpleTrainConfig.weight_decay", train.weight_decay, "must be >= 0"))
+    if not (_is_number(train.min_lr_ratio) and 0 <= train.min_lr_ratio <= 1):
+        raise ValueError(
+            _number_error(
+                "SimpleTrainConfig.min_lr_ratio",
+                train.min_lr_ratio,
+                "must be in [0, 1] (the schedule decays to learning_rate * min_lr_ratio)",
+            )
+        )
+    _check_fraction_or_steps(train, "warmup")
+    minutes = train.checkpoint_minutes
+    if minutes is not None and not (_is_number(minutes) and math.isfinite(minutes) and minutes > 0):
+        raise ValueError(
+            _number_error(
+                "SimpleTrainConfig.checkpoint_minutes",
+                minutes,
+                "must be > 0, or None (step checkpoints only)",
+            )
+        )
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _number_error(field_name: str, value: Any, requirement: str) -> str:
+    kind = f" (a {type(value).__name__}: write the number itself)" if isinstance(value, str | bytes) else ""
+    return f"{field_name}={value!r}: {requirement}{kind}"
+
+
+def _check_integer(train: SimpleTrainConfig, name: str, minimum: int | None, none: str | None = None) -> None:
+    """`train.<name>` is an integer >= minimum (any integer when None), or None where `none` says what None means."""
+    value = getattr(train, name)
+    if value is None and none is not None:
+        return
+    if _is_integer(value) and (minimum is None or value >= minimum):
+        return
+    requirement = "must be an integer" + (f" >= {minimum}" if minimum is not None else "")
+    raise ValueError(
+        _number_error(f"SimpleTrainConfig.{name}", value, requirement + (f", or {none}" if none else ""))
+    )
+
+
+def _check_fraction_or_steps(train: SimpleTrainConfig, name: str) -> None:
+    """Levanter's reading of warmup, decay and rewarmup: a fraction in [0, 1], else whole steps."""
+    value = getattr(train, name)
+    if value is None and name != "warmup":
+        return
+    if _is_number(value) and math.isfinite(value) and value >= 0 and (value <= 1 or value % 1 == 0):
+        return
+    raise ValueError(
+        _number_error(
+            f"SimpleTrainConfig.{name}",
+            value,
+            "must be a fraction of the steps in [0, 1], or a whole number of steps (e.g. 0.01 or 100)",
+        )
+    )
+
+
+def check_model(model: Any, where: str) -> None:
+    """ValueError naming `where` (e.g. "TrainConfig.model") unless `model` is a Llama shape
+    Levanter can build: positive integer sizes, heads that divide the width, key/value heads
+    that divide the heads. Called when a `LlamaSpec` is made and again when a step starts."""
+    if not isinstance(model, LlamaSpec):
+        raise ValueError(
+            f"{where}: a LlamaSpec (e.g. marin.models.llama_nano, or marin.models.model_spec(name)), got "
+            f"{type(model).__name__} {model!r}"[:300]
+        )
+    for name in ("hidden_dim", "intermediate_dim", "num_layers", "num_heads", "num_kv_heads", "seq_len"):
+        value = getattr(model, name)
+        if not (_is_integer(value) and value >= 1):
+            raise ValueError(_number_error(f"{where}.{name}", value, "must be an integer >= 1"))
+    if model.hidden_dim % model.num_heads:
+        fits = [n for n in range(1, model.hidden_dim + 1) if model.hidden_dim % n == 0]
+        nearest = min(fits, key=lambda n: (abs(n - model.num_heads), n))
+        raise ValueError(
+            f"{where}.num_heads={model.num_heads}: hidden_dim={model.hidden_dim} must divide by it (each "
+            f"head is hidden_dim / num_heads wide); e.g. num_heads={nearest}"
+        )
+    if model.num_heads % model.num_kv_heads:
+        raise ValueError(
+            f"{where}.num_kv_heads={model.num_kv_heads}: num_heads={model.num_heads} must divide by it "
+            f"(each key/value head serves num_heads / num_kv_heads query heads); e.g. num_kv_heads={model.num_heads}"
+        )
+    if not isinstance(model.tie_word_embeddings, bool):
+        raise ValueError(f"{where}.tie_word_embeddings={model.tie_word_embeddings!r}: must be True or False")
 
 
 def _check_initialization(train: SimpleTrainConfig) -> None:
@@ -745,6 +908,91 @@ def _check_enough_data(config: TrainConfig) -> None:
             f"{config.tokenized_path}: {stats['train']['tokens']} training tokens make {available} sequences of "
             f"{seq_len} (epochs={train.epochs}), but {train.num_train_steps} steps of {train.train_batch_size} "
             f"need {needed}; add data, lower num_train_steps or train_batch_size, or set SimpleTrainConfig.epochs"
+        )
+
+
+def check_tokenized(path: str, field_name: str) -> None:
+    """`path` holds the finished train and validation caches of operations.tokenize; else one
+    line naming `field_name` and what the path holds instead (nothing, document shards, a
+    tokenize step that did not finish). Levanter alone says only "No training set!"."""
+    from operations.tokenize import SPLITS, cache_finished
+
+    missing = [split for split in SPLITS if not cache_finished(join(path, split))]
+    if not missing:
+        return
+    fix = "give the output of a tokenize step (operations.tokenize.tokenize, marin.defaults.default_tokenize)"
+    fs, root = fsspec.core.url_to_fs(path)
+    try:
+        names = sorted(name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False))
+    except (FileNotFoundError, NotADirectoryError):
+        names = None
+    if names is None:
+        what = "no such directory" if not fs.exists(root) else "a file, not a directory"
+    elif not [name for name in names if not name.startswith(".")]:
+        what = "the directory is empty"
+    elif any(name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")) for name in names):
+        shown = [name for name in names if not name.startswith(".")]
+        what = (
+            f"it holds documents ({', '.join(shown[:3])}{', ...' if len(shown) > 3 else ''}), not token caches: "
+            "tokenize them first"
+        )
+    elif not any(name in SPLITS for name in names):
+        what = (
+            f"no Levanter cache in it (it holds {', '.join(n for n in names if not n.startswith('.'))[:200]})"
+        )
+    else:
+        what = (
+            f"the {' and '.join(missing)} cache{'s are' if len(missing) > 1 else ' is'} not finished (the tokenize "
+            "step failed or is still running: re-run it)"
+        )
+    raise ValueError(f"{field_name}={path!r}: {what}; {fix}")
+
+
+def check_vocabulary(
+    tokenized_path: str, tokenizer: str, vocab_size: int, tokenizer_field: str, path_field: str
+) -> None:
+    """`vocab_size` (the tokens of `tokenizer`) must be the number the caches at `tokenized_path`
+    were tokenized with (Levanter records it in each cache's ledger): another tokenizer gives ids
+    past the model's vocabulary (NaN losses) or ids that mean other tokens (a run that succeeds
+    on garbage). Caches that do not record it are not checked."""
+    from operations.tokenize import LEDGER_FILE, SPLITS
+
+    for split in SPLITS:
+        ledger = read_json(join(tokenized_path, split, LEDGER_FILE)) or {}
+        recorded = ((ledger.get("metadata") or {}).get("preprocessor_metadata") or {}).get("vocab_size")
+        if recorded is not None and int(recorded) != vocab_size:
+            name = ledger["metadata"]["preprocessor_metadata"].get("tokenizer")
+            effect = "ids past its end" if int(recorded) > vocab_size else "ids that mean other tokens"
+            raise ValueError(
+                f"{tokenizer_field}={tokenizer!r} has {vocab_size} tokens, but {path_field}={tokenized_path!r} "
+                f"was tokenized with a {recorded}-token tokenizer ({name}), so the model would see {effect}; "
+                "give the tokenizer the tokenize step used"
+            )
+
+
+def loaded_vocab_size(tokenizer: str, field_name: str) -> int:
+    """The number of tokens of `tokenizer`; one line naming `field_name` when it does not load."""
+    try:
+        return _vocab_size(tokenizer)
+    except (OSError, ValueError) as error:
+        lines = str(error).strip().splitlines()
+        first = lines[0] if lines else ""
+        raise ValueError(
+            f"{field_name}={tokenizer!r}: cannot load a tokenizer from it ({type(error).__name__}: "
+            f"{first if len(first) <= 200 else first[:200] + '...'}); give the output of a tokenizer step "
+            "(operations.tokenizer)"
+        ) from error
+
+
+def _check_batch_fits_devices(train: SimpleTrainConfig, devices: dict[str, Any]) -> None:
+    """Levanter splits each batch evenly over the devices (all processes' together)."""
+    count = devices["count"]
+    if train.train_batch_size % count:
+        lower = train.train_batch_size // count * count
+        higher = lower + count
+        raise ValueError(
+            f"SimpleTrainConfig.train_batch_size={train.train_batch_size}: must divide by the {count} devices "
+            f"JAX trains on ({count} x {devices['kind']}); use {f'{lower} or ' if lower else ''}{higher}"
         )
 
 
