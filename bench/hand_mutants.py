@@ -812,6 +812,18 @@ MUTANTS = [
         "        if False and (\n            type(description) is not str",
         "tests/executor/test_declaration_mistakes.py -k experiment_description",
     ),
+    (
+        "operations/train.py",
+        "    if not (_is_number(rate) and math.isfinite(rate) and rate >= 0):",
+        "    if not _is_number(rate):",
+        "tests/operations/test_bad_train_input.py -k bad_settings_fail",
+    ),
+    (
+        "operations/train.py",
+        "        if recorded is not None and int(recorded) != vocab_size:",
+        "        if recorded is not None and int(recorded) < vocab_size:",
+        "tests/operations/test_bad_train_input.py -k tokenizer_smaller",
+    ),
 ]
 """The mutants, in the order they were written (see docs/testing.md for what each fix does)."""
 
