@@ -31,7 +31,7 @@ from operations.tokenize import TokenizeConfig, tokenize
 from operations.tokenizer import TrainTokenizerConfig, train_tokenizer
 from operations.train import SimpleTrainConfig, TrainConfig, latest_checkpoint_step, read_metrics, train
 from tests.operations import test_train
-from tests.operations.test_train import checkpoint_steps, nano_config
+from tests.operations.test_train import checkpoint_steps, nano_config, signal_after_first_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 NANO = MODELS["llama_nano"]
@@ -310,30 +310,9 @@ def interrupted_run(data, tmp_path_factory):
     config = dataclasses.replace(
         nano_config(data, output, num_train_steps=100, steps_per_eval=50, epochs=5), tracker="none"
     )
-    config_file = output.parent / "config.pkl"
-    config_file.write_bytes(pickle.dumps(config))
-    code = (
-        "import pickle, sys; from operations.train import train; train(pickle.load(open(sys.argv[1], 'rb')))"
+    assert (
+        signal_after_first_checkpoint(config, output.parent / "config.pkl", signal.SIGTERM) == -signal.SIGTERM
     )
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, str(config_file)],
-        cwd=REPO,
-        env={**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}, "JAX_PLATFORMS": "cpu"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 150
-        while not checkpoint_steps(config.output_path):
-            assert process.poll() is None, "training exited before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within 150 s"
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=60)
-    finally:
-        process.kill()
-        process.wait()
-    assert process.returncode == -signal.SIGTERM
     killed_at = latest_checkpoint_step(config.output_path)
     assert killed_at is not None and killed_at < 99
     assert not (output / "stats.json").exists()  # not finished, and not presented as finished

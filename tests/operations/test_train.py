@@ -283,11 +283,9 @@ def test_trains_logs_metrics_checkpoints_the_final_step_and_exports(data, tmp_pa
     assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == before
 
 
-@pytest.mark.slow
-def test_a_killed_run_resumes_from_its_last_checkpoint(data, tmp_path):
-    # Enough steps that the run is still going when it is killed after its first checkpoint.
-    config = nano_config(data, tmp_path / "run", num_train_steps=100, steps_per_eval=50, epochs=5)
-    config_file = tmp_path / "config.pkl"
+def signal_after_first_checkpoint(config, config_file: pathlib.Path, signum: int) -> int:
+    """Train `config` in a child process, send it `signum` once its first checkpoint is
+    written, and return its exit code (-signum when the signal ended it)."""
     config_file.write_bytes(pickle.dumps(config))
     code = (
         "import pickle, sys; from operations.train import train; train(pickle.load(open(sys.argv[1], 'rb')))"
@@ -307,11 +305,19 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(data, tmp_path):
             assert process.poll() is None, "training exited before its first checkpoint"
             assert time.monotonic() < deadline, "no checkpoint within 150 s"
             time.sleep(0.05)
-        process.send_signal(signal.SIGKILL)
+        process.send_signal(signum)
+        process.wait(timeout=60)
     finally:
         process.kill()
         process.wait()
-    assert process.returncode == -signal.SIGKILL
+    return process.returncode
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_last_checkpoint(data, tmp_path):
+    # Enough steps that the run is still going when it is killed after its first checkpoint.
+    config = nano_config(data, tmp_path / "run", num_train_steps=100, steps_per_eval=50, epochs=5)
+    assert signal_after_first_checkpoint(config, tmp_path / "config.pkl", signal.SIGKILL) == -signal.SIGKILL
     killed_at = latest_checkpoint_step(config.output_path)
     assert killed_at is not None and killed_at < 99
 
