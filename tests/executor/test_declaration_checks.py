@@ -440,9 +440,10 @@ executor_main(steps)
 """
 
 
-def run_study(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
+def run_study(tmp_path: Path, mode: str, study: str | None = None) -> subprocess.CompletedProcess:
+    """Run the study script (`study`, default this module's STUDY) with STUDY_MODE=`mode`."""
     script = tmp_path / "study.py"
-    script.write_text(STUDY)
+    script.write_text(STUDY if study is None else study)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MARIN_")}
     environ.update({"PYTHONPATH": str(REPO), "STUDY_MODE": mode})
     return subprocess.run(

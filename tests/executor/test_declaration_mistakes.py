@@ -28,7 +28,6 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
-import os
 import pathlib
 import subprocess
 import sys
@@ -51,11 +50,12 @@ from executor import (
 from executor.graph import resolve
 
 # The harness of the older declaration tests: the same step function, config and checks.
+from tests.executor import test_declaration_checks as checks  # noqa: E402
 from tests.executor.test_declaration_checks import (  # noqa: E402
     CALLS,
-    REPO,
     Cfg,
     _reset_calls,  # noqa: F401 (autouse: the calls are cleared around every test here too)
+    error_line,
     run_expecting,
     upstream,
     work,
@@ -479,31 +479,7 @@ executor_main(steps)
 
 
 def run_study(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
-    script = tmp_path / "study.py"
-    script.write_text(STUDY)
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("MARIN_")}
-    environ.update({"PYTHONPATH": str(REPO), "STUDY_MODE": mode})
-    return subprocess.run(
-        [sys.executable, str(script), "--prefix", str(tmp_path / "out")],
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def error_line(result: subprocess.CompletedProcess, *fragments: str) -> str:
-    """The one `error: ` line on stderr; exit 1, no traceback, the fragments."""
-    report = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    assert result.returncode == 1, report
-    assert "Traceback" not in result.stderr, report
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, report
-    assert result.stderr.strip() == errors[0], report
-    for fragment in fragments:
-        assert fragment in errors[0], f"{fragment!r} missing\n{report}"
-    return errors[0]
+    return checks.run_study(tmp_path, mode, STUDY)
 
 
 @pytest.mark.parametrize(
@@ -555,7 +531,6 @@ def test_an_experiment_description_that_cannot_be_recorded_is_one_line_before_an
 ):
     """`executor_main(steps, description=...)` is recorded in every manifest: a set or an
     object failed the run with a traceback at its first manifest write, after the plan."""
-    import sys
 
     from executor import executor_main
 
