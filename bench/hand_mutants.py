@@ -808,8 +808,8 @@ MUTANTS = [
     ),
     (
         "executor/executor.py",
-        "        if description is not None and (\n            type(description) is not str",
-        "        if False and (\n            type(description) is not str",
+        "        if not description_fits(description):",
+        "        if False:",
         "tests/executor/test_declaration_mistakes.py -k experiment_description",
     ),
     (

@@ -32,7 +32,7 @@ from executor.provenance import (
     experiment_info_path,
     write_experiment_info,
 )
-from executor.steps import MAX_DESCRIPTION_CHARS, ExecutorStep, InputName
+from executor.steps import MAX_DESCRIPTION_CHARS, ExecutorStep, InputName, description_fits
 from executor.store import normalize_prefix, open_store
 
 TYPE_CHECKING = False  # (`typing` only for type checkers: importing it costs every start ~2 ms)
@@ -77,9 +77,7 @@ class Executor:
                 f"Executor: executor_info_base_path {executor_info_base_path!r} is on "
                 f"{storage_of(self.executor_info_base_path)}://, not on the prefix's storage ({self.prefix})"
             )
-        if description is not None and (
-            type(description) is not str or len(description) > MAX_DESCRIPTION_CHARS
-        ):
+        if not description_fits(description):
             # Recorded in every manifest: a set or an object failed the run at its first manifest
             # write, with a traceback, after the plan (steps' own descriptions are checked likewise).
             raise StepDefinitionError(

@@ -162,6 +162,12 @@ def shown(value: Any, limit: int = 60) -> str:
     return text if value is None or text.startswith(kind) else f"{kind} {text}"
 
 
+def description_fits(description: Any) -> bool:
+    """Whether a step's (or an experiment's) description can be recorded: None, or a string of
+    at most MAX_DESCRIPTION_CHARS (it goes into `.executor_info` and every manifest as JSON)."""
+    return description is None or (type(description) is str and len(description) <= MAX_DESCRIPTION_CHARS)
+
+
 def _check_description_and_groups(step: ExecutorStep) -> None:
     """Raise StepDefinitionError unless `description` is None or a string of at most
     MAX_DESCRIPTION_CHARS, and `pip_dependency_groups` None or a list (or tuple) of strings.
@@ -347,11 +353,7 @@ class ExecutorStep(Generic[ConfigT]):
         check_step_name(self.name)
         if self.resources is not None:
             _check_resources(self)
-        description = self.description
-        if (
-            description is not None
-            and (type(description) is not str or len(description) > MAX_DESCRIPTION_CHARS)
-        ) or self.pip_dependency_groups is not None:
+        if not description_fits(self.description) or self.pip_dependency_groups is not None:
             _check_description_and_groups(self)
 
     def cd(self, name: str) -> InputName:

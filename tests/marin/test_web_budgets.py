@@ -617,10 +617,8 @@ def board_page(prefix: str, target: str = "/leaderboard") -> tuple[int, str]:
         server.shutdown()
 
 
-def test_the_leaderboard_compares_at_most_max_config_fields_per_run(board, monkeypatch):
-    """20,000 differing fields per run: ranking compared every one of them (json.dumps of each
-    field of each run: 8 s of CPU for ten runs of 100,000); now the first
-    leaderboard.MAX_COMPARED_FIELDS, and the page says so."""
+def record_compared_fields(monkeypatch) -> list[int]:
+    """How many config fields the leaderboard compares of each run, as it ranks them."""
     compared: list[int] = []
     fields = leaderboard.compared_fields
 
@@ -630,6 +628,14 @@ def test_the_leaderboard_compares_at_most_max_config_fields_per_run(board, monke
         return kept
 
     monkeypatch.setattr(leaderboard, "compared_fields", recording)
+    return compared
+
+
+def test_the_leaderboard_compares_at_most_max_config_fields_per_run(board, monkeypatch):
+    """20,000 differing fields per run: ranking compared every one of them (json.dumps of each
+    field of each run: 8 s of CPU for ten runs of 100,000); now the first
+    leaderboard.MAX_COMPARED_FIELDS, and the page says so."""
+    compared = record_compared_fields(monkeypatch)
 
     status, body = board_page(board)
 
@@ -944,15 +950,7 @@ def test_marin_leaderboard_compares_at_most_max_compared_fields_and_says_so(boar
     """The CLI ranked with every recorded field too (the same 8 s for a crafted tree)."""
     from marin.cli import main as marin
 
-    compared: list[int] = []
-    fields = leaderboard.compared_fields
-
-    def recording(run):
-        kept = fields(run)
-        compared.append(len(kept))
-        return kept
-
-    monkeypatch.setattr(leaderboard, "compared_fields", recording)
+    compared = record_compared_fields(monkeypatch)
     assert marin(["leaderboard", "--prefix", board]) == 0
     captured = capsys.readouterr()
     assert compared == [leaderboard.MAX_COMPARED_FIELDS] * 3
